@@ -1,0 +1,150 @@
+"""The `autotune` command line: one function per subcommand, `main() -> int`, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable, NoReturn
+
+from autotune.units import format_bytes
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _sized(nbytes: int) -> str:
+    return f"{format_bytes(nbytes)} ({nbytes} B)"
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """List the model zoo."""
+    from autotune.zoo import ZOO
+
+    if args.json:
+        print(json.dumps({name: e.description for name, e in ZOO.items()}))
+        return 0
+    width = max(len(n) for n in ZOO)
+    for name, entry in ZOO.items():
+        print(f"{name:<{width}}  {entry.description}")
+    return 0
+
+
+def _capture_zoo(args: argparse.Namespace) -> Any:
+    from autotune.api import capture
+    from autotune.zoo import get_entry
+
+    entry = get_entry(args.model)
+    zm = entry.build(cube=args.cube)
+    return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=args.batch_size)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Capture a zoo model's training step and predict its peak device memory."""
+    from autotune.api import simulate_captured
+
+    sim = simulate_captured(_capture_zoo(args))
+    out = {"model": args.model, "batch_size": args.batch_size, **sim.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    r = sim.result
+    print(f"model        {args.model}, batch {args.batch_size}")
+    print(f"ops          {out['ops']} in {out['levels']} levels")
+    print(f"persistent   {_sized(r.persistent_bytes)}  (weights, optimizer slots, input batch)")
+    print(f"peak         {_sized(r.peak_bytes)}  (BFC allocator model)")
+    print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
+    print(f"peak at      level {r.peak_level}, op {r.peak_op}")
+    print(f"simulation   {sim.simulate_seconds * 1e3:.1f} ms (tracing {sim.trace_seconds:.1f} s)")
+    return 0
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    """Run a zoo model's training step on the device and measure its real peak memory."""
+    from autotune.measure import measure
+
+    m = measure(_capture_zoo(args), repeats=args.repeats)
+    out = {"model": args.model, "batch_size": args.batch_size, **m.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"model        {args.model}, batch {args.batch_size}, on {m.device}")
+    print(f"resident     {_sized(m.resident_bytes)}  (held before the step)")
+    print(f"peak         {_sized(m.peak_bytes)}  (median of {len(m.peaks)} steps)")
+    return 0
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="zoo model name (see `autotune models`)")
+    p.add_argument("--batch-size", type=_positive_int, required=True, help="images per step")
+    p.add_argument("--cube", type=_positive_int, default=None, help="edge length for 3D models")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one subcommand per `cmd_*` function."""
+    parser = _Parser(prog="autotune", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "models": cmd_models, "simulate": cmd_simulate, "measure": cmd_measure,
+    }
+    for name, fn in commands.items():
+        p = sub.add_parser(name, help=(fn.__doc__ or "").strip(), description=fn.__doc__)
+        p.set_defaults(func=fn)
+        if name == "models":
+            p.add_argument("--json", action="store_true", help="print one JSON object")
+        else:
+            _model_args(p)
+        if name == "measure":
+            p.add_argument("--repeats", type=_positive_int, default=3, help="measured steps")
+    return parser
+
+
+def _prepare_environment() -> None:
+    """Quiet TensorFlow and set up CPU memory measurement before TensorFlow is imported."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from autotune.measure import prepare_measurement
+
+    prepare_measurement()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    _prepare_environment()
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except UsageError as err:
+        print(f"autotune: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, RuntimeError) as err:
+        print(f"autotune: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

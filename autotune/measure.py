@@ -1,0 +1,107 @@
+"""Run a step on the real device and read the allocator's peak: the ground truth for the simulator.
+
+On a GPU the peak comes from `tf.config.experimental.get_memory_info('GPU:0')`. On the CPU it comes
+from the BFC allocator, which TensorFlow only uses when TF_CPU_ALLOCATOR_USE_BFC=true is set before
+it starts; peaks are taken with one inter-op thread, after a warm-up step, as the median of repeats.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from rewriter.capture import Captured
+
+__all__ = ["Measurement", "MeasurementError", "measure", "prepare_measurement"]
+
+
+class MeasurementError(RuntimeError):
+    """The process is not set up to measure memory; the message says how to set it up."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Measured device memory of one step: held before it (resident) and the peak during it."""
+
+    device: str
+    peak_bytes: int
+    resident_bytes: int
+    peaks: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "peak_bytes": self.peak_bytes,
+            "resident_bytes": self.resident_bytes,
+            "peaks": list(self.peaks),
+        }
+
+
+def prepare_measurement() -> None:
+    """Set the environment for CPU measurement; call before TensorFlow is imported."""
+    import sys
+
+    os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+    if "tensorflow" in sys.modules:
+        _check_setup(sys.modules["tensorflow"])
+
+
+def _device(tf: Any) -> str:
+    return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+
+
+def _check_setup(tf: Any) -> None:
+    device = _device(tf)
+    if device.startswith("CPU") and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
+        raise MeasurementError(
+            "measuring on the CPU needs TF_CPU_ALLOCATOR_USE_BFC=true set before TensorFlow "
+            "starts: export it, or call autotune.prepare_measurement() before importing tensorflow"
+        )
+    if os.environ.get("TF_NUM_INTEROP_THREADS") == "1":
+        return
+    if tf.config.threading.get_inter_op_parallelism_threads() != 1:
+        try:
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        except RuntimeError as err:
+            raise MeasurementError(
+                "measuring needs one inter-op thread, and TensorFlow has already started: call "
+                "tf.config.threading.set_inter_op_parallelism_threads(1) first"
+            ) from err
+
+
+def example_tensors(specs: tuple[Any, ...], seed: int = 0) -> list[Any]:
+    """Real tensors for specs: normal floats, zero integers (valid labels and token ids)."""
+    import tensorflow as tf
+
+    gen = tf.random.Generator.from_seed(seed)
+    out = []
+    for spec in specs:
+        if spec.dtype.is_floating:
+            out.append(gen.normal(spec.shape, dtype=spec.dtype))
+        else:
+            out.append(tf.zeros(spec.shape, dtype=spec.dtype))
+    return out
+
+
+def measure(captured: Captured, *args: Any, repeats: int = 3) -> Measurement:
+    """Measure the captured step: warm up once, then the median peak over `repeats` steps."""
+    import tensorflow as tf
+
+    _check_setup(tf)
+    device = _device(tf)
+    fn = captured.concrete_function
+    inputs = list(args) or example_tensors(captured.specs)
+    fn(*inputs)
+    peaks, resident = [], []
+    for _ in range(repeats):
+        tf.config.experimental.reset_memory_stats(device)
+        resident.append(int(tf.config.experimental.get_memory_info(device)["current"]))
+        out = fn(*inputs)
+        peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
+        del out
+    return Measurement(
+        device, int(statistics.median(peaks)), int(statistics.median(resident)), tuple(peaks)
+    )

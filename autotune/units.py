@@ -1,0 +1,36 @@
+"""Sizes as people write them (16GiB, 512MiB, 1.5GB, bytes) and as the tool prints them."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["format_bytes", "parse_size"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in `text` ("16GiB", "512MiB", "1.5GB", "1048576"); ValueError if unparseable."""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(f"cannot read size {text!r}: use a number with B, KiB, MiB, GiB, KB, MB or GB")
+    value = int(round(float(m.group(1)) * _UNITS[unit]))
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return value
+
+
+def format_bytes(nbytes: int) -> str:
+    """`nbytes` in the largest binary unit that keeps the number at least 1, e.g. '1.25 GiB'."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

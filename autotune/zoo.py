@@ -1,0 +1,125 @@
+"""The model zoo: each entry fixes its model, loss and optimizer so that numbers are reproducible."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["ZOO", "ZooEntry", "ZooModel", "get_entry"]
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A built model with the loss and optimizer its zoo entry fixes."""
+
+    model: Any
+    loss: Any
+    optimizer: Any
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A named model builder; `cube` is the edge length for volumetric models, else None."""
+
+    name: str
+    description: str
+    builder: Callable[..., Any]
+    default_cube: int | None = None
+
+    def build(self, *, cube: int | None = None, seed: int = 0) -> ZooModel:
+        """Build the model (weights from `seed`), its loss and a fresh optimizer."""
+        import keras
+
+        if cube is not None and self.default_cube is None:
+            raise ValueError(f"model {self.name!r} has no cube size")
+        keras.utils.set_random_seed(seed)
+        kwargs = {"cube": cube or self.default_cube} if self.default_cube else {}
+        model = self.builder(**kwargs)
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        return ZooModel(model, loss, optimizer)
+
+
+def _tiny_cnn() -> Any:
+    import keras
+    from keras import layers
+
+    x = inp = keras.Input((32, 32, 3), name="image")
+    x = layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, layers.Dense(10)(x), name="tiny_cnn")
+
+
+def _unet3d(*, cube: int, filters: tuple[int, ...] = (16, 32, 64, 128), channels: int = 4,
+            classes: int = 4) -> Any:
+    """A 3D U-Net: two 3x3x3 convolutions a level, max-pool down, transposed conv up, skips."""
+    import keras
+    from keras import layers
+
+    if cube % 2 ** (len(filters) - 1):
+        raise ValueError(f"cube size {cube} must be divisible by {2 ** (len(filters) - 1)}")
+
+    def block(x: Any, f: int) -> Any:
+        x = layers.Conv3D(f, 3, padding="same", activation="relu")(x)
+        return layers.Conv3D(f, 3, padding="same", activation="relu")(x)
+
+    x = inp = keras.Input((cube, cube, cube, channels), name="volume")
+    skips = []
+    for f in filters[:-1]:
+        x = block(x, f)
+        skips.append(x)
+        x = layers.MaxPooling3D(2)(x)
+    x = block(x, filters[-1])
+    for f, skip in zip(reversed(filters[:-1]), reversed(skips)):
+        x = layers.Conv3DTranspose(f, 2, strides=2, padding="same")(x)
+        x = block(layers.Concatenate()([x, skip]), f)
+    return keras.Model(inp, layers.Conv3D(classes, 1)(x), name=f"unet3d_{cube}")
+
+
+def _tiny_unet3d(*, cube: int) -> Any:
+    return _unet3d(cube=cube, filters=(4, 8, 16), channels=1, classes=2)
+
+
+def _tiny_transformer(seq: int = 32, vocab: int = 64, dim: int = 32, heads: int = 2) -> Any:
+    import keras
+    from keras import layers
+
+    tokens = keras.Input((seq,), dtype="int32", name="tokens")
+    x = layers.Embedding(vocab, dim)(tokens)
+    attn = layers.MultiHeadAttention(heads, dim // heads)(x, x)
+    x = layers.LayerNormalization()(x + attn)
+    ff = layers.Dense(dim)(layers.Dense(dim * 4, activation="gelu")(x))
+    x = layers.LayerNormalization()(x + ff)
+    return keras.Model(tokens, layers.Dense(vocab)(x), name="tiny_transformer")
+
+
+def _resnet50() -> Any:
+    import keras
+
+    return keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)
+
+
+ZOO: dict[str, ZooEntry] = {
+    e.name: e
+    for e in (
+        ZooEntry("resnet50", "Keras ResNet-50, 224x224x3, 1000 classes", _resnet50),
+        ZooEntry("unet3d", "3D U-Net (16-128 filters, 4 levels), cube^3 x 4, 4 classes",
+                 _unet3d, default_cube=64),
+        ZooEntry("tiny-cnn", "4 conv layers, 32x32x3, 10 classes (tests)", _tiny_cnn),
+        ZooEntry("tiny-unet3d", "3D U-Net (4-16 filters, 3 levels), cube^3 x 1 (tests)",
+                 _tiny_unet3d, default_cube=16),
+        ZooEntry("tiny-transformer", "1 attention block, 32 tokens, vocab 64 (tests)",
+                 _tiny_transformer),
+    )
+}
+
+
+def get_entry(name: str) -> ZooEntry:
+    """The zoo entry `name`; ValueError listing the zoo if there is none."""
+    if name not in ZOO:
+        raise ValueError(f"unknown model {name!r}; the zoo has: {', '.join(ZOO)}")
+    return ZOO[name]

@@ -1,0 +1,196 @@
+"""Capture a TensorFlow 2 training step into the framework-free IR, with exact tensor sizes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rewriter.opsemantics import forwards, inplace_inputs
+from simulator.graph import Graph, Op, Tensor, TensorKind
+
+__all__ = ["CaptureError", "Captured", "capture_function", "to_specs"]
+
+_CALL_ATTRS = ("f", "then_branch", "else_branch", "cond", "body", "branches")
+
+
+class CaptureError(ValueError):
+    """The step cannot be captured as given; the message says what to supply."""
+
+
+@dataclass
+class Captured:
+    """A captured step: the IR plus the TensorFlow objects a rewrite needs later."""
+
+    graph: Graph
+    concrete_function: Any
+    specs: tuple[Any, ...]
+    variables: list[Any]
+    trace_seconds: float
+
+
+def to_specs(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """TensorSpecs for example arguments given as tensors, arrays or specs."""
+    import tensorflow as tf
+
+    specs = []
+    for i, a in enumerate(args):
+        if isinstance(a, tf.TensorSpec):
+            specs.append(a)
+        elif hasattr(a, "shape") and hasattr(a, "dtype"):
+            specs.append(tf.TensorSpec(a.shape, tf.as_dtype(a.dtype), name=f"arg{i}"))
+        else:
+            raise CaptureError(
+                f"example argument {i} is a {type(a).__name__}; give a tensor, array or tf.TensorSpec"
+            )
+    return tuple(specs)
+
+
+def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
+    """Trace `step` (a tf.function or a plain callable, which is wrapped) and build its IR."""
+    import tensorflow as tf
+
+    fn = step if hasattr(step, "get_concrete_function") else tf.function(step)
+    specs = to_specs(example_args)
+    start = time.perf_counter()
+    cf = fn.get_concrete_function(*specs)
+    seconds = time.perf_counter() - start
+    graph = graph_from_concrete(cf)
+    return Captured(graph, cf, specs, list(cf.variables), seconds)
+
+
+def graph_from_concrete(cf: Any) -> Graph:
+    """The IR of a concrete function: ops, tensors with bytes, variables sized from the real ones."""
+    fg = cf.graph
+    kinds = _placeholder_kinds(cf)
+    graph = Graph(fg.name)
+    graph.functions = [f.signature.name for f in fg.as_graph_def().library.function]
+    for tf_op in _topological(fg.get_operations()):
+        tensors = [_tensor(t, kinds) for t in tf_op.outputs]
+        graph.add_op(_op(tf_op), tensors)
+    graph.mark_outputs([t.name for t in fg.outputs if t.name in graph.tensors])
+    graph.lint()
+    return graph
+
+
+def _topological(ops: list[Any]) -> list[Any]:
+    """`ops` reordered so that every op follows its data and control predecessors, stably."""
+    done: set[str] = set()
+    out: list[Any] = []
+    for root in ops:
+        stack = [(root, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if op.name in done:
+                continue
+            if expanded:
+                done.add(op.name)
+                out.append(op)
+                continue
+            stack.append((op, True))
+            preds = [t.op for t in op.inputs] + list(op.control_inputs)
+            stack.extend((p, False) for p in reversed(preds) if p.name not in done)
+    return out
+
+
+def _placeholder_kinds(cf: Any) -> dict[str, tuple[TensorKind, int | None]]:
+    """Kind (and, for variables, storage bytes) of each placeholder of the function graph."""
+    by_handle = {id(v.handle): v for v in cf.variables}
+    kinds: dict[str, tuple[TensorKind, int | None]] = {}
+    for ext, internal in zip(cf.captured_inputs, cf.graph.internal_captures):
+        var = by_handle.get(id(ext))
+        if var is not None:
+            kinds[internal.name] = (TensorKind.VARIABLE, _variable_bytes(var))
+        elif internal.dtype.name in ("resource", "variant"):
+            kinds[internal.name] = (TensorKind.HANDLE, 0)
+        else:
+            kinds[internal.name] = (TensorKind.CONSTANT, None)
+    for t in cf.graph.inputs:
+        kinds.setdefault(t.name, (TensorKind.INPUT, None))
+    return kinds
+
+
+def _variable_bytes(var: Any) -> int:
+    shape = var.shape
+    if not shape.is_fully_defined():
+        raise CaptureError(f"variable {var.name!r} has shape {shape}; build the model first")
+    return int(shape.num_elements()) * var.dtype.size
+
+
+def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]]) -> Tensor:
+    kind, nbytes = kinds.get(t.name, (None, None))
+    if kind is None:
+        kind = TensorKind.CONSTANT if t.op.type == "Const" else TensorKind.TRANSIENT
+    if t.dtype.name in ("resource", "variant"):
+        if kind is not TensorKind.VARIABLE:
+            kind, nbytes = TensorKind.HANDLE, 0
+        return Tensor(t.name, t.dtype.name, (), nbytes or 0, t.op.name, kind)
+    shape = t.shape
+    if not shape.is_fully_defined():
+        shape = _inferred_shape(t)
+    if shape.rank is None or not shape.is_fully_defined():
+        raise CaptureError(
+            f"tensor {t.name!r} of op {t.op.name!r} ({t.op.type}) has shape {shape}: "
+            "give a batch size or fully defined input shapes (tf.TensorSpec with no None)"
+        )
+    if t.dtype.name == "string":
+        raise CaptureError(
+            f"tensor {t.name!r} of op {t.op.name!r} ({t.op.type}) is a string, whose size is "
+            "unknown before it runs; keep strings out of the training step"
+        )
+    dims = tuple(int(d) for d in shape.as_list())
+    return Tensor(t.name, t.dtype.name, dims, int(shape.num_elements()) * t.dtype.size, t.op.name, kind)
+
+
+def _inferred_shape(t: Any) -> Any:
+    """The exact shape of a tensor TensorFlow leaves open but whose size we can compute."""
+    import tensorflow as tf
+    from tensorflow.python.framework import tensor_util
+
+    if t.op.type == "BroadcastGradientArgs":
+        dims = [tensor_util.constant_value_as_shape(i) for i in t.op.inputs]
+        if all(d.is_fully_defined() for d in dims):
+            reduce = _broadcast_reduction([d.as_list() for d in dims])[t.value_index]
+            return tf.TensorShape([len(reduce)])
+    return t.shape
+
+
+def _broadcast_reduction(shapes: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Reduction indices of BroadcastGradientArgs for two static shapes (TF's BCast rule).
+
+    Equal shapes reduce nothing; otherwise a dimension of size 1 (or missing) in one operand is
+    reduced in that operand's gradient, and in both when both are 1.
+    """
+    if shapes[0] == shapes[1]:
+        return [], []
+    rank = max(len(s) for s in shapes)
+    x, y = ([1] * (rank - len(s)) + s for s in shapes)
+    return [i for i in range(rank) if x[i] == 1], [i for i in range(rank) if y[i] == 1]
+
+
+def _op(tf_op: Any) -> Op:
+    n_in, n_out = len(tf_op.inputs), len(tf_op.outputs)
+    return Op(
+        name=tf_op.name,
+        type=tf_op.type,
+        inputs=[t.name for t in tf_op.inputs],
+        outputs=[t.name for t in tf_op.outputs],
+        control_inputs=[c.name for c in tf_op.control_inputs],
+        device=tf_op.device,
+        forwards=forwards(tf_op.type, n_in, n_out),
+        inplace=inplace_inputs(tf_op.type, n_in),
+        calls=_called_functions(tf_op),
+    )
+
+
+def _called_functions(tf_op: Any) -> tuple[str, ...]:
+    """Names of the functions a call or control-flow op runs (empty for ordinary ops)."""
+    names: list[str] = []
+    for key in _CALL_ATTRS:
+        if key not in tf_op.node_def.attr:
+            continue
+        value = tf_op.node_def.attr[key]
+        if value.HasField("func"):
+            names.append(value.func.name)
+        names.extend(f.name for f in value.list.func)
+    return tuple(names)

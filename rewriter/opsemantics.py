@@ -1,0 +1,51 @@
+"""What TensorFlow's kernels do with buffers, by op type: forwarding and in-place reuse.
+
+Forwarding ops return their input's buffer (no new memory). Element-wise kernels call
+`forward_input_or_allocate_output` and take over an input buffer of the output's size when that
+input has no other user. Counting either as new memory over-predicts the peak (REFERENCE.md).
+"""
+
+from __future__ import annotations
+
+__all__ = ["SHAPE_ONLY", "forwards", "inplace_inputs"]
+
+_FORWARD_FIRST = frozenset({
+    "Identity", "Snapshot", "StopGradient", "PreventGradient", "EnsureShape", "CheckNumerics",
+    "Reshape", "Squeeze", "ExpandDims", "ReadVariableOp", "Bitcast",
+})
+
+_UNARY = frozenset({
+    "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Neg", "Exp", "Log", "Log1p",
+    "Sqrt", "Rsqrt", "Square", "Abs", "Sign", "Floor", "Ceil", "Round", "Reciprocal", "Inv",
+    "Erf", "Softplus", "OnesLike", "ZerosLike", "Gelu",
+})
+
+_BINARY = frozenset({
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Maximum", "Minimum",
+    "SquaredDifference", "Pow", "FloorDiv", "FloorMod", "ReluGrad", "Relu6Grad", "EluGrad",
+    "SeluGrad", "LeakyReluGrad", "SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad",
+    "ReciprocalGrad", "SoftplusGrad", "BiasAdd", "BiasAddV1",
+})
+
+#: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.
+SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def forwards(op_type: str, n_inputs: int, n_outputs: int) -> dict[int, int]:
+    """Output index → input index whose buffer the output always shares."""
+    if op_type in _FORWARD_FIRST and n_inputs and n_outputs:
+        return {0: 0}
+    if op_type == "IdentityN":
+        return {i: i for i in range(min(n_inputs, n_outputs))}
+    return {}
+
+
+def inplace_inputs(op_type: str, n_inputs: int) -> tuple[int, ...]:
+    """Input indices whose buffer output 0 may take over (same size, last use)."""
+    if op_type in _UNARY:
+        return (0,) if n_inputs else ()
+    if op_type in _BINARY:
+        return tuple(range(min(n_inputs, 2)))
+    if op_type == "AddN":
+        return tuple(range(n_inputs))
+    return ()

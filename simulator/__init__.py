@@ -1,0 +1,63 @@
+"""Framework-free simulation of a training step's memory: the IR, the order, the interpreter.
+
+Nothing in this package imports TensorFlow; `tests/simulator/test_no_tensorflow.py` proves it.
+"""
+
+import dataclasses
+
+from simulator.allocator import BFCModel, OutOfMemory, replay_peak
+from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
+from simulator.memory import (
+    ALLOCATOR_GRANULARITY,
+    Program,
+    SimResult,
+    compile_program,
+    simulate_memory,
+)
+from simulator.order import Order, categorized_order
+from simulator.trace import Event, EventKind, Trace
+
+__all__ = [
+    "ALLOCATOR_GRANULARITY",
+    "BFCModel",
+    "OutOfMemory",
+    "replay_peak",
+    "with_allocator",
+    "Event",
+    "EventKind",
+    "Graph",
+    "GraphError",
+    "Op",
+    "Order",
+    "Program",
+    "SimResult",
+    "Tensor",
+    "TensorKind",
+    "Trace",
+    "categorized_order",
+    "compile_program",
+    "simulate",
+    "simulate_memory",
+]
+
+
+def simulate(
+    graph: Graph,
+    order: Order | None = None,
+    *,
+    granularity: int = ALLOCATOR_GRANULARITY,
+    allocator: BFCModel | None = None,
+) -> SimResult:
+    """Simulate one step of `graph` in `order` (the categorized order by default).
+
+    The peak is what a BFC allocator would report (`allocator`, by default TensorFlow's CPU BFC
+    with growing regions), after a warm-up step; `live_peak_bytes` is the sum of live tensors.
+    """
+    result = simulate_memory(compile_program(graph, order, granularity=granularity))
+    return with_allocator(result, allocator or BFCModel())
+
+
+def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
+    """`result` with its peak replaced by the peak `allocator` reaches replaying the trace."""
+    peak = replay_peak(result.trace, list(result.resident_sizes), allocator)
+    return dataclasses.replace(result, peak_bytes=peak)

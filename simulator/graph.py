@@ -1,0 +1,156 @@
+"""The framework-free graph IR: ops, tensors with exact bytes, data and control edges.
+
+Producer/consumer links are kept consistent by one setter (`Graph.add_op`), and `Graph.lint()`
+checks them after an import or a rewrite, in the manner of torch.fx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = ["Graph", "GraphError", "Op", "Tensor", "TensorKind"]
+
+
+class GraphError(ValueError):
+    """The graph is malformed: a dangling edge, a duplicate name, a cycle."""
+
+
+class TensorKind(str, Enum):
+    """Where a tensor's memory comes from, which decides whether the step allocates it."""
+
+    TRANSIENT = "transient"  # allocated by its producer during the step, freed after last use
+    INPUT = "input"  # an argument of the step: held by the caller, resident before the step
+    VARIABLE = "variable"  # a resource handle; `nbytes` is the variable's storage, resident
+    CONSTANT = "constant"  # a constant kept by its kernel across steps, resident
+    HANDLE = "handle"  # a resource or variant handle with no device storage of its own
+
+    @property
+    def resident(self) -> bool:
+        """True when the tensor's bytes are held before the step starts."""
+        return self in (TensorKind.INPUT, TensorKind.VARIABLE, TensorKind.CONSTANT)
+
+
+@dataclass
+class Tensor:
+    """One value: its dtype, static shape and exact size in bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    producer: str
+    kind: TensorKind = TensorKind.TRANSIENT
+    consumers: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Op:
+    """One operation.
+
+    `forwards` maps an output index to the input index whose buffer it always shares (Identity,
+    Reshape, ReadVariableOp, ...); `inplace` lists input indices whose buffer output 0 may take over
+    when this op is that buffer's last user and the sizes match (element-wise kernels).
+    `calls` names the functions a call op (If, While, PartitionedCall) runs.
+    """
+
+    name: str
+    type: str
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    control_inputs: list[str] = field(default_factory=list)
+    device: str = ""
+    forwards: dict[int, int] = field(default_factory=dict)
+    inplace: tuple[int, ...] = ()
+    calls: tuple[str, ...] = ()
+
+
+class Graph:
+    """Ops in insertion order plus the tensors they produce; the unit every stage works on."""
+
+    def __init__(self, name: str = "step") -> None:
+        self.name = name
+        self.ops: dict[str, Op] = {}
+        self.tensors: dict[str, Tensor] = {}
+        self.outputs: list[str] = []
+        self.control_consumers: dict[str, list[str]] = {}
+        self.functions: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)})"
+
+    def add_op(self, op: Op, tensors: list[Tensor]) -> Op:
+        """Insert `op` with its output tensors; inputs must already exist (topological insertion)."""
+        if op.name in self.ops:
+            raise GraphError(f"duplicate op name {op.name!r}")
+        for name in op.inputs:
+            if name not in self.tensors:
+                raise GraphError(f"op {op.name!r} reads unknown tensor {name!r}")
+        for name in op.control_inputs:
+            if name not in self.ops:
+                raise GraphError(f"op {op.name!r} has a control input from unknown op {name!r}")
+        if [t.name for t in tensors] != op.outputs:
+            raise GraphError(f"op {op.name!r}: tensors given do not match its outputs")
+        self.ops[op.name] = op
+        for t in tensors:
+            if t.name in self.tensors:
+                raise GraphError(f"duplicate tensor name {t.name!r}")
+            t.producer = op.name
+            self.tensors[t.name] = t
+        for name in op.inputs:
+            self.tensors[name].consumers.append(op.name)
+        for name in op.control_inputs:
+            self.control_consumers.setdefault(name, []).append(op.name)
+        return op
+
+    def mark_outputs(self, names: list[str]) -> None:
+        """Declare the tensors the step returns: they stay alive to its end."""
+        for name in names:
+            if name not in self.tensors:
+                raise GraphError(f"unknown output tensor {name!r}")
+        self.outputs = list(names)
+
+    @property
+    def persistent_bytes(self) -> int:
+        """Bytes resident before the step: inputs, variables (weights, slots) and constants."""
+        return sum(t.nbytes for t in self.tensors.values() if t.kind.resident)
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Total bytes per tensor kind, for reports."""
+        out: dict[str, int] = {k.value: 0 for k in TensorKind}
+        for t in self.tensors.values():
+            out[t.kind.value] += t.nbytes
+        return out
+
+    def predecessors(self, op_name: str) -> list[str]:
+        """Distinct ops that must run before `op_name` (data and control edges)."""
+        op = self.ops[op_name]
+        preds = [self.tensors[t].producer for t in op.inputs] + op.control_inputs
+        return list(dict.fromkeys(preds))
+
+    def successors(self, op_name: str) -> list[str]:
+        """Distinct ops that must run after `op_name` (data and control edges)."""
+        op = self.ops[op_name]
+        succ = [c for t in op.outputs for c in self.tensors[t].consumers]
+        succ += self.control_consumers.get(op_name, [])
+        return list(dict.fromkeys(succ))
+
+    def lint(self) -> None:
+        """Check that every link is consistent in both directions; raise GraphError if not."""
+        for op in self.ops.values():
+            for i, name in enumerate(op.outputs):
+                t = self.tensors.get(name)
+                if t is None or t.producer != op.name:
+                    raise GraphError(f"op {op.name!r} output {i} ({name!r}) is not linked back")
+            for out_i, in_i in op.forwards.items():
+                if not (0 <= out_i < len(op.outputs) and 0 <= in_i < len(op.inputs)):
+                    raise GraphError(f"op {op.name!r} forwards {out_i}->{in_i} out of range")
+            for name in op.inputs:
+                if op.name not in self.tensors[name].consumers:
+                    raise GraphError(f"tensor {name!r} does not list consumer {op.name!r}")
+        for t in self.tensors.values():
+            if t.nbytes < 0:
+                raise GraphError(f"tensor {t.name!r} has negative size {t.nbytes}")
+            for c in t.consumers:
+                if t.name not in self.ops[c].inputs:
+                    raise GraphError(f"tensor {t.name!r} lists {c!r}, which does not read it")

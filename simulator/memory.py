@@ -1,0 +1,167 @@
+"""The memory interpreter: walk the schedule, allocate outputs, free buffers after their last use.
+
+Walking the schedule and emitting ALLOC/FREE events is split from accounting for them (the peak is
+read off the trace), after XLA's HeapSimulator. Liveness comes from a reverse walk (last use).
+Buffers, not tensors, are allocated: a forwarding op (Identity, Reshape, ReadVariableOp) shares its
+input's buffer, and an element-wise op may take over an input buffer that dies at that op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.graph import Graph
+from simulator.order import Order, categorized_order
+from simulator.trace import EventKind, Trace
+
+__all__ = ["ALLOCATOR_GRANULARITY", "Program", "SimResult", "compile_program", "simulate_memory"]
+
+#: TensorFlow's BFC allocator rounds every allocation up to a multiple of 256 bytes
+#: (kMinAllocationSize in tensorflow/core/common_runtime/bfc_allocator.h).
+ALLOCATOR_GRANULARITY = 256
+
+_ALLOC = int(EventKind.ALLOC)
+_FREE = int(EventKind.FREE)
+
+# One output in the compiled program: (tensor id, allocation bytes, forwarded-from id, in-place ids)
+_Out = tuple[int, int, int, tuple[int, ...]]
+
+
+def _round_up(nbytes: int, granularity: int) -> int:
+    return -(-nbytes // granularity) * granularity if nbytes > 0 else 0
+
+
+@dataclass(frozen=True)
+class Program:
+    """A graph and its order lowered to integer arrays, so that each simulation is one tight loop."""
+
+    order: Order
+    names: list[str]
+    steps: list[list[_Out]]
+    last_use: list[int]
+    resident: list[bool]
+    alloc_bytes: list[int]
+    persistent_bytes: int
+    levels: list[int]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a simulation predicts: the peak, where it happens, what was resident, and the trace."""
+
+    peak_bytes: int
+    peak_step: int
+    peak_op: str
+    peak_level: int
+    persistent_bytes: int
+    trace: Trace
+    order: Order
+    live_peak_bytes: int
+    resident_sizes: tuple[int, ...]
+
+    @property
+    def transient_peak_bytes(self) -> int:
+        """Peak bytes above what was resident before the step."""
+        return self.peak_bytes - self.persistent_bytes
+
+
+def _last_uses(graph: Graph, order: Order, tid: dict[str, int]) -> list[int]:
+    """Position of each tensor's last consumer; step outputs live to the end of the step."""
+    n = len(order.ops)
+    last = [0] * len(tid)
+    for name, t in graph.tensors.items():
+        uses = [order.position[c] for c in t.consumers]
+        last[tid[name]] = max(uses) if uses else order.position[t.producer]
+    for name in graph.outputs:
+        last[tid[name]] = n
+    return last
+
+
+def compile_program(
+    graph: Graph, order: Order | None = None, *, granularity: int = ALLOCATOR_GRANULARITY
+) -> Program:
+    """Lower `graph` in `order` (the categorized order by default) for `simulate_memory`."""
+    order = order or categorized_order(graph)
+    names = list(graph.tensors)
+    tid = {name: i for i, name in enumerate(names)}
+    tensors = [graph.tensors[n] for n in names]
+    resident = [t.kind.resident for t in tensors]
+    alloc = [_round_up(t.nbytes, granularity) for t in tensors]
+    steps: list[list[_Out]] = []
+    for op_name in order.ops:
+        op = graph.ops[op_name]
+        ins = [tid[i] for i in op.inputs]
+        outs: list[_Out] = []
+        for j, out in enumerate(op.outputs):
+            fwd = ins[op.forwards[j]] if j in op.forwards else -1
+            cands = tuple(ins[i] for i in op.inplace) if j == 0 else ()
+            outs.append((tid[out], alloc[tid[out]], fwd, cands))
+        steps.append(outs)
+    persistent = sum(a for a, r in zip(alloc, resident) if r)
+    levels = [order.level[o] for o in order.ops]
+    last = _last_uses(graph, order, tid)
+    return Program(order, names, steps, last, resident, alloc, persistent, levels)
+
+
+def simulate_memory(program: Program) -> SimResult:
+    """Run the interpreter over the compiled schedule and return the peak and the trace."""
+    n = len(program.steps)
+    last = program.last_use
+    resident = program.resident
+    buf = list(range(len(last)))
+    buf_last = list(last)
+    alive = [False] * len(last)
+    frees: list[list[int]] = [[] for _ in range(n + 1)]
+    trace = Trace(program.order.ops, program.levels, program.names)
+    kind, step_col, tcol, bcol, lcol = trace.kind, trace.step, trace.tensor, trace.nbytes, trace.live
+    live = peak = program.persistent_bytes
+    peak_step = 0
+    for p, outs in enumerate(program.steps):
+        for t, nbytes, fwd, cands in outs:
+            b = fwd if fwd >= 0 else _reuse(cands, nbytes, p, buf, buf_last, alive, program.alloc_bytes)
+            if b >= 0:
+                b = buf[b]
+                buf[t] = b
+                if last[t] > buf_last[b]:
+                    buf_last[b] = last[t]
+                    frees[last[t]].append(b)
+                continue
+            if resident[t] or nbytes == 0:
+                continue
+            alive[t] = True
+            frees[last[t]].append(t)
+            live += nbytes
+            kind.append(_ALLOC), step_col.append(p), tcol.append(t), bcol.append(nbytes)
+            lcol.append(live)
+            if live > peak:
+                peak, peak_step = live, p
+        for b in frees[p]:
+            if alive[b] and buf_last[b] == p:
+                alive[b] = False
+                live -= program.alloc_bytes[b]
+                kind.append(_FREE), step_col.append(p), tcol.append(b)
+                bcol.append(program.alloc_bytes[b]), lcol.append(live)
+    for b in frees[n]:
+        if alive[b]:
+            alive[b] = False
+            live -= program.alloc_bytes[b]
+            kind.append(_FREE), step_col.append(n), tcol.append(b)
+            bcol.append(program.alloc_bytes[b]), lcol.append(live)
+    order = program.order
+    residents = tuple(a for a, r in zip(program.alloc_bytes, resident) if r and a)
+    return SimResult(
+        peak, peak_step, order.ops[peak_step], program.levels[peak_step],
+        program.persistent_bytes, trace, order, peak, residents,
+    )
+
+
+def _reuse(
+    cands: tuple[int, ...], nbytes: int, p: int, buf: list[int], buf_last: list[int],
+    alive: list[bool], alloc: list[int],
+) -> int:
+    """An input whose live buffer dies at step `p` and has exactly the output's size, else -1."""
+    for c in cands:
+        b = buf[c]
+        if alive[b] and buf_last[b] == p and alloc[b] == nbytes:
+            return c
+    return -1

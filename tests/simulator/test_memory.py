@@ -1,0 +1,124 @@
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator import (
+    EventKind,
+    Graph,
+    TensorKind,
+    categorized_order,
+    compile_program,
+    replay_peak,
+    simulate,
+    simulate_memory,
+)
+from tests.simulator.builders import add, chain, diamond
+
+
+def run(g: Graph):  # type: ignore[no-untyped-def]
+    return simulate_memory(compile_program(g))
+
+
+def test_chain_event_sequence_is_exact() -> None:
+    r = run(chain(3, 1024))
+    seq = [(e.kind.name, e.op, e.tensor, e.live_bytes) for e in r.trace]
+    assert seq == [
+        ("ALLOC", "op1", "op1:0", 2048),
+        ("ALLOC", "op2", "op2:0", 3072),
+        ("FREE", "op2", "op1:0", 2048),
+        ("ALLOC", "op3", "op3:0", 3072),
+        ("FREE", "op3", "op2:0", 2048),
+        ("FREE", "<end>", "op3:0", 1024),
+    ]
+    assert (r.peak_bytes, r.peak_op, r.persistent_bytes) == (3072, "op2", 1024)
+
+
+def test_diamond_keeps_shared_input_until_last_reader() -> None:
+    r = run(diamond())
+    frees = [(e.op, e.tensor) for e in r.trace if e.kind is EventKind.FREE]
+    assert frees[0] == ("c", "a:0")
+    assert r.peak_bytes == 256 + 1024 + 2048 + 512
+    assert r.peak_op == "c"
+
+
+def test_forwarding_op_shares_its_input_buffer() -> None:
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4096)
+    r_ = add(g, "r", a, 4096, type="Reshape", forwards={0: 0})
+    b = add(g, "b", r_, 256)
+    g.mark_outputs(b)
+    r = run(g)
+    allocs = [e.tensor for e in r.trace if e.kind is EventKind.ALLOC]
+    assert allocs == ["a:0", "b:0"]
+    free_a = next(e for e in r.trace if e.kind is EventKind.FREE and e.tensor == "a:0")
+    assert free_a.op == "b"
+
+
+def test_inplace_op_takes_over_a_dying_input() -> None:
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4096)
+    relu = add(g, "relu", a, 4096, type="Relu", inplace=(0,))
+    g.mark_outputs(relu)
+    r = run(g)
+    assert [e.tensor for e in r.trace if e.kind is EventKind.ALLOC] == ["a:0"]
+    assert r.peak_bytes == 256 + 4096
+
+
+def test_inplace_is_refused_while_the_input_has_other_readers() -> None:
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4096)
+    relu = add(g, "relu", a, 4096, type="Relu", inplace=(0,))
+    out = add(g, "sum", a + relu, 256)
+    g.mark_outputs(out)
+    assert run(g).peak_bytes == 256 + 4096 * 2 + 256
+
+
+def test_allocator_model_counts_whole_chunks() -> None:
+    # a 1.5 MiB tensor in a fresh 2 MiB region keeps the whole region (BFC splits only at 2x)
+    g = chain(1, 3 << 19)
+    r = simulate(g)
+    assert r.live_peak_bytes == 2 * (3 << 19)
+    assert r.peak_bytes > r.live_peak_bytes
+
+
+@st.composite
+def random_graphs(draw: st.DrawFn) -> Graph:
+    g = Graph("random")
+    tensors = add(g, "x", [], draw(st.integers(0, 5000)), type="Placeholder",
+                  kind=TensorKind.INPUT)
+    for i in range(draw(st.integers(1, 25))):
+        k = draw(st.integers(1, min(3, len(tensors))))
+        ins = draw(st.lists(st.sampled_from(tensors), min_size=k, max_size=k, unique=True))
+        sizes = draw(st.lists(st.integers(0, 1 << 16), min_size=1, max_size=2))
+        fwd = {0: 0} if draw(st.booleans()) and sizes[0] == 0 else {}
+        inplace = (0,) if draw(st.booleans()) else ()
+        tensors += add(g, f"op{i}", ins, sizes, forwards=fwd, inplace=inplace)
+    g.mark_outputs(draw(st.lists(st.sampled_from(tensors), max_size=2, unique=True)))
+    return g
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_graphs())
+def test_levels_respect_every_edge(g: Graph) -> None:
+    order = categorized_order(g)
+    for name in g.ops:
+        for pred in g.predecessors(name):
+            assert order.level[pred] < order.level[name]
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_graphs())
+def test_trace_invariants(g: Graph) -> None:
+    r = run(g)
+    lives = [e.live_bytes for e in r.trace]
+    assert all(live >= 0 for live in lives)
+    allocs = Counter(e.tensor for e in r.trace if e.kind is EventKind.ALLOC)
+    frees = Counter(e.tensor for e in r.trace if e.kind is EventKind.FREE)
+    assert allocs == frees and set(allocs.values()) <= {1}
+    assert r.peak_bytes == max(lives, default=r.persistent_bytes)
+    assert (lives[-1] if lives else r.persistent_bytes) == r.persistent_bytes
+    assert replay_peak(r.trace, list(r.resident_sizes)) >= r.peak_bytes
