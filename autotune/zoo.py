@@ -28,10 +28,10 @@ class ZooEntry:
 
     def build(self, *, cube: int | None = None, seed: int = 0) -> ZooModel:
         """Build the model (weights from `seed`), its loss and a fresh optimizer."""
-        import keras
-
         if cube is not None and self.default_cube is None:
             raise ValueError(f"model {self.name!r} has no cube size")
+        import keras
+
         keras.utils.set_random_seed(seed)
         kwargs = {"cube": cube or self.default_cube} if self.default_cube else {}
         model = self.builder(**kwargs)

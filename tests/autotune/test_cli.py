@@ -1,0 +1,46 @@
+import pytest
+
+from autotune.zoo import ZOO
+from tests.autotune.cli_helpers import cli_json, run_cli
+
+
+def _one_line_error(out, needle: str) -> None:  # type: ignore[no-untyped-def]
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == [lines[0]] and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_models_lists_the_zoo() -> None:
+    assert set(cli_json("models")) == set(ZOO) >= {"resnet50", "unet3d", "tiny-cnn"}
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["simulate", "--model", "nope", "--batch-size", "2"], "unknown model 'nope'"),
+        (["simulate", "--model", "tiny-cnn", "--batch-size", "0"], "positive integer"),
+        (["simulate", "--model", "tiny-cnn", "--batch-size", "two"], "positive integer"),
+        (["measure", "--model", "tiny-cnn"], "--batch-size"),
+        (["simulate", "--model", "tiny-cnn", "--batch-size", "2", "--cube", "8"], "no cube"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    _one_line_error(run_cli(*args), needle)
+
+
+@pytest.mark.tf
+def test_simulate_json_has_the_promised_keys() -> None:
+    out = cli_json("simulate", "--model", "tiny-cnn", "--batch-size", "4")
+    for key in ("peak_bytes", "persistent_bytes", "ops", "levels", "simulate_seconds"):
+        assert key in out
+    assert out["peak_bytes"] > out["persistent_bytes"] > 0
+    assert out["levels"] < out["ops"]
+
+
+@pytest.mark.tf
+def test_simulate_prints_units() -> None:
+    out = run_cli("simulate", "--model", "tiny-cnn", "--batch-size", "4")
+    assert out.returncode == 0, out.stderr
+    assert "MiB" in out.stdout and " B)" in out.stdout and "level" in out.stdout

@@ -1,0 +1,5 @@
+"""Shared fixtures: TensorFlow tests run quietly on the CPU."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

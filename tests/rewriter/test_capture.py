@@ -1,0 +1,103 @@
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+import keras  # noqa: E402
+
+from autotune.api import capture  # noqa: E402
+from autotune.zoo import get_entry  # noqa: E402
+from rewriter.capture import CaptureError, _broadcast_reduction, capture_function  # noqa: E402
+from simulator import TensorKind, categorized_order  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+
+def test_keras_capture_sizes_variables_from_the_real_ones() -> None:
+    zm = get_entry("tiny-cnn").build()
+    cap = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=8)
+    g = cap.graph
+    by_kind = g.bytes_by_kind()
+    real = sum(int(v.shape.num_elements()) * v.dtype.size for v in cap.variables)
+    weights = sum(int(w.shape.num_elements()) * 4 for w in zm.model.trainable_weights)
+    assert by_kind["variable"] == real
+    assert real >= 2 * weights  # weights plus one momentum slot each
+    assert by_kind["input"] == 8 * 32 * 32 * 3 * 4 + 8 * 4
+    assert len(g.ops) == len(cap.concrete_function.graph.get_operations())
+    assert all(t.nbytes == 4 * _elements(t.shape) for t in g.tensors.values()
+               if t.dtype == "float32" and t.kind is not TensorKind.VARIABLE)
+    g.lint()
+    assert categorized_order(g).n_levels > 10
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def test_custom_tf_function_with_specs() -> None:
+    w = tf.Variable(tf.ones([16, 4]))
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.relu(x @ w))
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    cap = capture(step, tf.TensorSpec([32, 16], tf.float32))
+    g = cap.graph
+    assert g.bytes_by_kind()["variable"] == 16 * 4 * 4
+    matmul = next(op for op in g.ops.values() if op.type == "MatMul")
+    assert g.tensors[matmul.outputs[0]].nbytes == 32 * 4 * 4
+    assert g.outputs
+
+
+def test_plain_callable_is_wrapped() -> None:
+    cap = capture_function(lambda x: tf.reduce_sum(x * 2.0), tf.zeros([5, 7]))
+    assert cap.graph.bytes_by_kind()["input"] == 5 * 7 * 4
+
+
+def test_unknown_batch_dimension_names_the_tensor() -> None:
+    with pytest.raises(CaptureError, match=r"tensor '.*' of op .* batch size"):
+        capture(tf.function(lambda x: x * 2.0), tf.TensorSpec([None, 4], tf.float32))
+
+
+def test_keras_model_without_static_input_asks_for_input_shape() -> None:
+    inp = keras.Input((None, 8))
+    model = keras.Model(inp, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling1D()(inp)))
+    with pytest.raises(CaptureError, match="input_shape"):
+        capture(model, loss="mse", optimizer="sgd", batch_size=4)
+
+
+def test_keras_model_needs_loss_and_optimizer() -> None:
+    zm = get_entry("tiny-cnn").build()
+    with pytest.raises(CaptureError, match="loss= and optimizer="):
+        capture(zm.model, batch_size=4)
+
+
+def test_control_flow_captures_and_names_called_functions() -> None:
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        return tf.cond(tf.reduce_sum(x) > 0, lambda: x * 2.0, lambda: x - 1.0)
+
+    cap = capture(step, tf.TensorSpec([4, 4], tf.float32))
+    calls = [op for op in cap.graph.ops.values() if op.calls]
+    assert calls and calls[0].type in ("If", "StatelessIf")
+    assert set(calls[0].calls) <= set(cap.graph.functions)
+
+
+@pytest.mark.parametrize("a,b", [([2, 1, 3], [2, 4, 3]), ([1, 1, 3], [1, 4, 3]),
+                                 ([3], [2, 4, 3]), ([2, 4], [2, 4]), ([4, 1], [1, 5])])
+def test_broadcast_reduction_matches_tensorflow(a: list[int], b: list[int]) -> None:
+    from tensorflow.python.ops import gen_array_ops
+
+    rx, ry = gen_array_ops.broadcast_gradient_args(a, b)
+    assert _broadcast_reduction([a, b]) == (rx.numpy().tolist(), ry.numpy().tolist())
+
+
+def test_transformer_gradient_shapes_are_all_resolved() -> None:
+    zm = get_entry("tiny-transformer").build()
+    cap = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=2)
+    bga = [op for op in cap.graph.ops.values() if op.type == "BroadcastGradientArgs"]
+    assert bga and all(cap.graph.tensors[t].shape for op in bga for t in op.outputs)
