@@ -6,7 +6,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from autotune.units import format_bytes
 
@@ -107,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autotune", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "models": cmd_models, "simulate": cmd_simulate, "measure": cmd_measure,
+        "models": cmd_models,
+        "simulate": cmd_simulate,
+        "measure": cmd_measure,
     }
     for name, fn in commands.items():
         p = sub.add_parser(name, help=(fn.__doc__ or "").strip(), description=fn.__doc__)

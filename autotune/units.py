@@ -7,9 +7,16 @@ import re
 __all__ = ["format_bytes", "parse_size"]
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -19,7 +26,9 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS:
-        raise ValueError(f"cannot read size {text!r}: use a number with B, KiB, MiB, GiB, KB, MB or GB")
+        raise ValueError(
+            f"cannot read size {text!r}: use a number with B, KiB, MiB, GiB, KB, MB or GB"
+        )
     value = int(round(float(m.group(1)) * _UNITS[unit]))
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")

@@ -1,9 +1,10 @@
-"""The model zoo: each entry fixes its model, loss and optimizer so that numbers are reproducible."""
+"""The model zoo: each entry fixes model, loss and optimizer so that numbers are reproducible."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["ZOO", "ZooEntry", "ZooModel", "get_entry"]
 
@@ -54,8 +55,9 @@ def _tiny_cnn() -> Any:
     return keras.Model(inp, layers.Dense(10)(x), name="tiny_cnn")
 
 
-def _unet3d(*, cube: int, filters: tuple[int, ...] = (16, 32, 64, 128), channels: int = 4,
-            classes: int = 4) -> Any:
+def _unet3d(
+    *, cube: int, filters: tuple[int, ...] = (16, 32, 64, 128), channels: int = 4, classes: int = 4
+) -> Any:
     """A 3D U-Net: two 3x3x3 convolutions a level, max-pool down, transposed conv up, skips."""
     import keras
     from keras import layers
@@ -100,20 +102,31 @@ def _tiny_transformer(seq: int = 32, vocab: int = 64, dim: int = 32, heads: int 
 def _resnet50() -> Any:
     import keras
 
-    return keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)
+    return keras.applications.ResNet50(
+        weights=None, input_shape=(224, 224, 3), classes=1000, classifier_activation=None
+    )
 
 
 ZOO: dict[str, ZooEntry] = {
     e.name: e
     for e in (
         ZooEntry("resnet50", "Keras ResNet-50, 224x224x3, 1000 classes", _resnet50),
-        ZooEntry("unet3d", "3D U-Net (16-128 filters, 4 levels), cube^3 x 4, 4 classes",
-                 _unet3d, default_cube=64),
+        ZooEntry(
+            "unet3d",
+            "3D U-Net (16-128 filters, 4 levels), cube^3 x 4, 4 classes",
+            _unet3d,
+            default_cube=64,
+        ),
         ZooEntry("tiny-cnn", "4 conv layers, 32x32x3, 10 classes (tests)", _tiny_cnn),
-        ZooEntry("tiny-unet3d", "3D U-Net (4-16 filters, 3 levels), cube^3 x 1 (tests)",
-                 _tiny_unet3d, default_cube=16),
-        ZooEntry("tiny-transformer", "1 attention block, 32 tokens, vocab 64 (tests)",
-                 _tiny_transformer),
+        ZooEntry(
+            "tiny-unet3d",
+            "3D U-Net (4-16 filters, 3 levels), cube^3 x 1 (tests)",
+            _tiny_unet3d,
+            default_cube=16,
+        ),
+        ZooEntry(
+            "tiny-transformer", "1 attention block, 32 tokens, vocab 64 (tests)", _tiny_transformer
+        ),
     )
 }
 

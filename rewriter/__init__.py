@@ -3,7 +3,7 @@
 TensorFlow is imported lazily inside the functions, so importing this package stays cheap.
 """
 
-from rewriter.capture import CaptureError, Captured, capture_function, graph_from_concrete, to_specs
+from rewriter.capture import Captured, CaptureError, capture_function, graph_from_concrete, to_specs
 from rewriter.keras_step import input_specs, is_keras_model, training_step
 
 __all__ = [

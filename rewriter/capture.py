@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from rewriter.opsemantics import forwards, inplace_inputs
 from simulator.graph import Graph, Op, Tensor, TensorKind
@@ -41,7 +42,8 @@ def to_specs(args: tuple[Any, ...]) -> tuple[Any, ...]:
             specs.append(tf.TensorSpec(a.shape, tf.as_dtype(a.dtype), name=f"arg{i}"))
         else:
             raise CaptureError(
-                f"example argument {i} is a {type(a).__name__}; give a tensor, array or tf.TensorSpec"
+                f"example argument {i} is a {type(a).__name__}; "
+                "give a tensor, array or tf.TensorSpec"
             )
     return tuple(specs)
 
@@ -60,7 +62,7 @@ def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
 
 
 def graph_from_concrete(cf: Any) -> Graph:
-    """The IR of a concrete function: ops, tensors with bytes, variables sized from the real ones."""
+    """The IR of a concrete function: ops, tensors with bytes, variables sized from real ones."""
     fg = cf.graph
     kinds = _placeholder_kinds(cf)
     graph = Graph(fg.name)
@@ -139,7 +141,9 @@ def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]]) -> Tensor:
             "unknown before it runs; keep strings out of the training step"
         )
     dims = tuple(int(d) for d in shape.as_list())
-    return Tensor(t.name, t.dtype.name, dims, int(shape.num_elements()) * t.dtype.size, t.op.name, kind)
+    return Tensor(
+        t.name, t.dtype.name, dims, int(shape.num_elements()) * t.dtype.size, t.op.name, kind
+    )
 
 
 def _inferred_shape(t: Any) -> Any:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rewriter.capture import CaptureError
 
@@ -35,15 +36,15 @@ def training_step(model: Any, loss: Any, optimizer: Any) -> Callable[..., Any]:
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return value
 
-    step.loss_fn = loss_fn  # type: ignore[attr-defined]
-    step.optimizer = opt  # type: ignore[attr-defined]
+    step.loss_fn = loss_fn
+    step.optimizer = opt
     return step
 
 
 def input_specs(
     model: Any, loss: Any, batch_size: int, input_shape: tuple[int, ...] | None = None
 ) -> tuple[Any, Any]:
-    """TensorSpecs for (x, y) at `batch_size`: x from the model's input, y from its output and loss."""
+    """TensorSpecs for (x, y) at `batch_size`: x from the model's input, y from output and loss."""
     import tensorflow as tf
 
     if batch_size < 1:

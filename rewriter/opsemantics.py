@@ -9,23 +9,84 @@ from __future__ import annotations
 
 __all__ = ["SHAPE_ONLY", "forwards", "inplace_inputs"]
 
-_FORWARD_FIRST = frozenset({
-    "Identity", "Snapshot", "StopGradient", "PreventGradient", "EnsureShape", "CheckNumerics",
-    "Reshape", "Squeeze", "ExpandDims", "ReadVariableOp", "Bitcast",
-})
+_FORWARD_FIRST = frozenset(
+    {
+        "Identity",
+        "Snapshot",
+        "StopGradient",
+        "PreventGradient",
+        "EnsureShape",
+        "CheckNumerics",
+        "Reshape",
+        "Squeeze",
+        "ExpandDims",
+        "ReadVariableOp",
+        "Bitcast",
+    }
+)
 
-_UNARY = frozenset({
-    "Relu", "Relu6", "Elu", "Selu", "LeakyRelu", "Sigmoid", "Tanh", "Neg", "Exp", "Log", "Log1p",
-    "Sqrt", "Rsqrt", "Square", "Abs", "Sign", "Floor", "Ceil", "Round", "Reciprocal", "Inv",
-    "Erf", "Softplus", "OnesLike", "ZerosLike", "Gelu",
-})
+_UNARY = frozenset(
+    {
+        "Relu",
+        "Relu6",
+        "Elu",
+        "Selu",
+        "LeakyRelu",
+        "Sigmoid",
+        "Tanh",
+        "Neg",
+        "Exp",
+        "Log",
+        "Log1p",
+        "Sqrt",
+        "Rsqrt",
+        "Square",
+        "Abs",
+        "Sign",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Reciprocal",
+        "Inv",
+        "Erf",
+        "Softplus",
+        "OnesLike",
+        "ZerosLike",
+        "Gelu",
+    }
+)
 
-_BINARY = frozenset({
-    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "MulNoNan", "Maximum", "Minimum",
-    "SquaredDifference", "Pow", "FloorDiv", "FloorMod", "ReluGrad", "Relu6Grad", "EluGrad",
-    "SeluGrad", "LeakyReluGrad", "SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad",
-    "ReciprocalGrad", "SoftplusGrad", "BiasAdd", "BiasAddV1",
-})
+_BINARY = frozenset(
+    {
+        "Add",
+        "AddV2",
+        "Sub",
+        "Mul",
+        "RealDiv",
+        "Div",
+        "DivNoNan",
+        "MulNoNan",
+        "Maximum",
+        "Minimum",
+        "SquaredDifference",
+        "Pow",
+        "FloorDiv",
+        "FloorMod",
+        "ReluGrad",
+        "Relu6Grad",
+        "EluGrad",
+        "SeluGrad",
+        "LeakyReluGrad",
+        "SigmoidGrad",
+        "TanhGrad",
+        "RsqrtGrad",
+        "SqrtGrad",
+        "ReciprocalGrad",
+        "SoftplusGrad",
+        "BiasAdd",
+        "BiasAddV1",
+    }
+)
 
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.
 SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank"})

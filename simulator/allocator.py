@@ -49,7 +49,7 @@ class BFCModel:
         self._next_base = 0
 
     def reset_peak(self) -> None:
-        """Start a new peak from the bytes in use now (tf.config.experimental.reset_memory_stats)."""
+        """Start a new peak from the bytes in use now (like reset_memory_stats)."""
         self.peak = self.in_use
 
     def allocate(self, nbytes: int) -> int:

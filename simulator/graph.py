@@ -80,7 +80,7 @@ class Graph:
         return f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)})"
 
     def add_op(self, op: Op, tensors: list[Tensor]) -> Op:
-        """Insert `op` with its output tensors; inputs must already exist (topological insertion)."""
+        """Insert `op` with its output tensors; its inputs must already exist (topological)."""
         if op.name in self.ops:
             raise GraphError(f"duplicate op name {op.name!r}")
         for name in op.inputs:

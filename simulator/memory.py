@@ -33,7 +33,7 @@ def _round_up(nbytes: int, granularity: int) -> int:
 
 @dataclass(frozen=True)
 class Program:
-    """A graph and its order lowered to integer arrays, so that each simulation is one tight loop."""
+    """A graph and its order lowered to integer arrays: each simulation is then one tight loop."""
 
     order: Order
     names: list[str]
@@ -103,65 +103,73 @@ def compile_program(
     return Program(order, names, steps, last, resident, alloc, persistent, levels)
 
 
-def simulate_memory(program: Program) -> SimResult:
-    """Run the interpreter over the compiled schedule and return the peak and the trace."""
-    n = len(program.steps)
-    last = program.last_use
-    resident = program.resident
-    buf = list(range(len(last)))
-    buf_last = list(last)
-    alive = [False] * len(last)
-    frees: list[list[int]] = [[] for _ in range(n + 1)]
-    trace = Trace(program.order.ops, program.levels, program.names)
-    kind, step_col, tcol, bcol, lcol = trace.kind, trace.step, trace.tensor, trace.nbytes, trace.live
-    live = peak = program.persistent_bytes
-    peak_step = 0
-    for p, outs in enumerate(program.steps):
+class _Walk:
+    """The interpreter's state while it walks one schedule: buffers, liveness and the trace."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.buf = list(range(len(program.last_use)))
+        self.buf_last = list(program.last_use)
+        self.alive = [False] * len(program.last_use)
+        self.frees: list[list[int]] = [[] for _ in range(len(program.steps) + 1)]
+        self.trace = Trace(program.order.ops, program.levels, program.names)
+        self.live = self.peak = program.persistent_bytes
+        self.peak_step = 0
+
+    def run_op(self, p: int, outs: list[_Out]) -> None:
+        """Give each output of the op at step `p` a buffer: forwarded, reused or new."""
+        last, buf, buf_last = self.program.last_use, self.buf, self.buf_last
         for t, nbytes, fwd, cands in outs:
-            b = fwd if fwd >= 0 else _reuse(cands, nbytes, p, buf, buf_last, alive, program.alloc_bytes)
+            b = fwd if fwd >= 0 else self._reuse(cands, nbytes, p)
             if b >= 0:
-                b = buf[b]
-                buf[t] = b
+                b = buf[t] = buf[b]
                 if last[t] > buf_last[b]:
                     buf_last[b] = last[t]
-                    frees[last[t]].append(b)
-                continue
-            if resident[t] or nbytes == 0:
-                continue
-            alive[t] = True
-            frees[last[t]].append(t)
-            live += nbytes
-            kind.append(_ALLOC), step_col.append(p), tcol.append(t), bcol.append(nbytes)
-            lcol.append(live)
-            if live > peak:
-                peak, peak_step = live, p
-        for b in frees[p]:
+                    self.frees[last[t]].append(b)
+            elif nbytes and not self.program.resident[t]:
+                self.alive[t] = True
+                self.frees[last[t]].append(t)
+                self.live += nbytes
+                self.trace.record(_ALLOC, p, t, nbytes, self.live)
+                if self.live > self.peak:
+                    self.peak, self.peak_step = self.live, p
+
+    def free_dead(self, p: int) -> None:
+        """Free every buffer whose last use is step `p`."""
+        alive, buf_last, sizes = self.alive, self.buf_last, self.program.alloc_bytes
+        for b in self.frees[p]:
             if alive[b] and buf_last[b] == p:
                 alive[b] = False
-                live -= program.alloc_bytes[b]
-                kind.append(_FREE), step_col.append(p), tcol.append(b)
-                bcol.append(program.alloc_bytes[b]), lcol.append(live)
-    for b in frees[n]:
-        if alive[b]:
-            alive[b] = False
-            live -= program.alloc_bytes[b]
-            kind.append(_FREE), step_col.append(n), tcol.append(b)
-            bcol.append(program.alloc_bytes[b]), lcol.append(live)
-    order = program.order
-    residents = tuple(a for a, r in zip(program.alloc_bytes, resident) if r and a)
+                self.live -= sizes[b]
+                self.trace.record(_FREE, p, b, sizes[b], self.live)
+
+    def _reuse(self, cands: tuple[int, ...], nbytes: int, p: int) -> int:
+        """An input whose live buffer dies at step `p` and has the output's exact size, else -1."""
+        for c in cands:
+            b = self.buf[c]
+            if self.alive[b] and self.buf_last[b] == p and self.program.alloc_bytes[b] == nbytes:
+                return c
+        return -1
+
+
+def simulate_memory(program: Program) -> SimResult:
+    """Run the interpreter over the compiled schedule and return the peak and the trace."""
+    walk = _Walk(program)
+    for p, outs in enumerate(program.steps):
+        walk.run_op(p, outs)
+        walk.free_dead(p)
+    walk.free_dead(len(program.steps))
+    order, sizes = program.order, program.alloc_bytes
+    residents = tuple(a for a, r in zip(sizes, program.resident) if r and a)
+    step = walk.peak_step
     return SimResult(
-        peak, peak_step, order.ops[peak_step], program.levels[peak_step],
-        program.persistent_bytes, trace, order, peak, residents,
+        walk.peak,
+        step,
+        order.ops[step],
+        program.levels[step],
+        program.persistent_bytes,
+        walk.trace,
+        order,
+        walk.peak,
+        residents,
     )
-
-
-def _reuse(
-    cands: tuple[int, ...], nbytes: int, p: int, buf: list[int], buf_last: list[int],
-    alive: list[bool], alloc: list[int],
-) -> int:
-    """An input whose live buffer dies at step `p` and has exactly the output's size, else -1."""
-    for c in cands:
-        b = buf[c]
-        if alive[b] and buf_last[b] == p and alloc[b] == nbytes:
-            return c
-    return -1

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Iterator
 
 import numpy as np
 
@@ -47,6 +47,14 @@ class Trace:
         self.nbytes: list[int] = []
         self.live: list[int] = []
 
+    def record(self, kind: int, step: int, tensor: int, nbytes: int, live: int) -> None:
+        """Append one event (the interpreter's only way to write the trace)."""
+        self.kind.append(kind)
+        self.step.append(step)
+        self.tensor.append(tensor)
+        self.nbytes.append(nbytes)
+        self.live.append(live)
+
     def __len__(self) -> int:
         return len(self.kind)
 
@@ -60,8 +68,13 @@ class Trace:
         op = self._ops[step] if step < len(self._ops) else "<end>"
         level = self._levels[step] if step < len(self._levels) else -1
         return Event(
-            EventKind(self.kind[i]), step, level, op,
-            self._tensors[self.tensor[i]], self.nbytes[i], self.live[i],
+            EventKind(self.kind[i]),
+            step,
+            level,
+            op,
+            self._tensors[self.tensor[i]],
+            self.nbytes[i],
+            self.live[i],
         )
 
     @property

@@ -13,7 +13,10 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run(
         [sys.executable, "-m", "autotune.cli", *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
 
 

@@ -15,7 +15,8 @@ _ORDER_GAP = pytest.mark.xfail(
 )
 
 CASES = [
-    ("tiny-cnn", 32), ("tiny-cnn", 128),
+    ("tiny-cnn", 32),
+    ("tiny-cnn", 128),
     pytest.param("tiny-unet3d", 2, marks=_ORDER_GAP),
     pytest.param("tiny-unet3d", 8, marks=_ORDER_GAP),
     pytest.param("tiny-transformer", 16, marks=_ORDER_GAP),
@@ -28,5 +29,7 @@ def test_predicted_peak_within_10_percent_of_measured(model: str, batch: int) ->
     sim = cli_json("simulate", "--model", model, "--batch-size", str(batch))
     meas = cli_json("measure", "--model", model, "--batch-size", str(batch))
     error = sim["peak_bytes"] / meas["peak_bytes"] - 1
-    assert abs(error) <= 0.10, f"{model} batch {batch}: predicted {sim['peak_bytes']} B, " \
+    assert abs(error) <= 0.10, (
+        f"{model} batch {batch}: predicted {sim['peak_bytes']} B, "
         f"measured {meas['peak_bytes']} B ({error:+.1%})"
+    )

@@ -3,9 +3,16 @@ import pytest
 from autotune.units import format_bytes, parse_size
 
 
-@pytest.mark.parametrize("text,value", [("16GiB", 16 << 30), ("512MiB", 512 << 20),
-                                        ("1.5GB", 1_500_000_000), ("1048576", 1 << 20),
-                                        ("2 kib", 2048)])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("16GiB", 16 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5GB", 1_500_000_000),
+        ("1048576", 1 << 20),
+        ("2 kib", 2048),
+    ],
+)
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
 

@@ -22,8 +22,11 @@ def test_keras_capture_sizes_variables_from_the_real_ones() -> None:
     assert real >= 2 * weights  # weights plus one momentum slot each
     assert by_kind["input"] == 8 * 32 * 32 * 3 * 4 + 8 * 4
     assert len(g.ops) == len(cap.concrete_function.graph.get_operations())
-    assert all(t.nbytes == 4 * _elements(t.shape) for t in g.tensors.values()
-               if t.dtype == "float32" and t.kind is not TensorKind.VARIABLE)
+    assert all(
+        t.nbytes == 4 * _elements(t.shape)
+        for t in g.tensors.values()
+        if t.dtype == "float32" and t.kind is not TensorKind.VARIABLE
+    )
     g.lint()
     assert categorized_order(g).n_levels > 10
 
@@ -87,8 +90,16 @@ def test_control_flow_captures_and_names_called_functions() -> None:
     assert set(calls[0].calls) <= set(cap.graph.functions)
 
 
-@pytest.mark.parametrize("a,b", [([2, 1, 3], [2, 4, 3]), ([1, 1, 3], [1, 4, 3]),
-                                 ([3], [2, 4, 3]), ([2, 4], [2, 4]), ([4, 1], [1, 5])])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ([2, 1, 3], [2, 4, 3]),
+        ([1, 1, 3], [1, 4, 3]),
+        ([3], [2, 4, 3]),
+        ([2, 4], [2, 4]),
+        ([4, 1], [1, 5]),
+    ],
+)
 def test_broadcast_reduction_matches_tensorflow(a: list[int], b: list[int]) -> None:
     from tensorflow.python.ops import gen_array_ops
 

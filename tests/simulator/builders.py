@@ -6,16 +6,30 @@ from simulator import Graph, Op, Tensor, TensorKind
 
 
 def add(
-    g: Graph, name: str, inputs: list[str], nbytes: int | list[int], *, type: str = "Op",
-    kind: TensorKind = TensorKind.TRANSIENT, forwards: dict[int, int] | None = None,
-    inplace: tuple[int, ...] = (), control: list[str] | None = None,
+    g: Graph,
+    name: str,
+    inputs: list[str],
+    nbytes: int | list[int],
+    *,
+    type: str = "Op",
+    kind: TensorKind = TensorKind.TRANSIENT,
+    forwards: dict[int, int] | None = None,
+    inplace: tuple[int, ...] = (),
+    control: list[str] | None = None,
 ) -> list[str]:
     """Add op `name` reading tensors `inputs`, with one output per size in `nbytes`."""
     sizes = nbytes if isinstance(nbytes, list) else [nbytes]
     outs = [f"{name}:{i}" for i in range(len(sizes))]
     tensors = [Tensor(o, "float32", (s // 4,), s, name, kind) for o, s in zip(outs, sizes)]
-    op = Op(name, type, list(inputs), list(outs), list(control or []), forwards=forwards or {},
-            inplace=inplace)
+    op = Op(
+        name,
+        type,
+        list(inputs),
+        list(outs),
+        list(control or []),
+        forwards=forwards or {},
+        inplace=inplace,
+    )
     g.add_op(op, tensors)
     return outs
 

@@ -88,8 +88,7 @@ def test_allocator_model_counts_whole_chunks() -> None:
 @st.composite
 def random_graphs(draw: st.DrawFn) -> Graph:
     g = Graph("random")
-    tensors = add(g, "x", [], draw(st.integers(0, 5000)), type="Placeholder",
-                  kind=TensorKind.INPUT)
+    tensors = add(g, "x", [], draw(st.integers(0, 5000)), type="Placeholder", kind=TensorKind.INPUT)
     for i in range(draw(st.integers(1, 25))):
         k = draw(st.integers(1, min(3, len(tensors))))
         ins = draw(st.lists(st.sampled_from(tensors), min_size=k, max_size=k, unique=True))
