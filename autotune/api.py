@@ -8,7 +8,7 @@ from typing import Any
 
 from rewriter.capture import Captured, CaptureError, capture_function
 from rewriter.keras_step import input_specs, is_keras_model, training_step
-from simulator import Graph, SimResult, Trace
+from simulator import Graph, SimResult, Trace, scheduled_order
 from simulator import simulate as simulate_graph
 
 __all__ = ["Simulation", "capture", "simulate"]
@@ -22,6 +22,8 @@ class Simulation:
     result: SimResult
     simulate_seconds: float
     trace_seconds: float
+    schedule: str = "categorized"
+    profiled_peak_bytes: int | None = None
 
     @property
     def peak_bytes(self) -> int:
@@ -49,6 +51,8 @@ class Simulation:
             "peak_step": r.peak_step,
             "simulate_seconds": self.simulate_seconds,
             "trace_seconds": self.trace_seconds,
+            "schedule": self.schedule,
+            "profiled_peak_bytes": self.profiled_peak_bytes,
         }
 
 
@@ -74,15 +78,34 @@ def capture(
     return capture_function(training_step(step, loss, optimizer), *example_args)
 
 
-def simulate(step: Any, *example_args: Any, **options: Any) -> Simulation:
-    """Capture `step` (see `capture`) and simulate one training step's device memory."""
+SCHEDULES = ("categorized", "recorded")
+
+
+def simulate(
+    step: Any, *example_args: Any, schedule: str = "categorized", **options: Any
+) -> Simulation:
+    """Capture `step` (see `capture`) and simulate one training step's device memory.
+
+    `schedule="categorized"` walks the paper's categorized order and needs no device;
+    `schedule="recorded"` first runs the step once on the current device under the profiler and
+    walks the order TensorFlow executed (closer to the real peak, see results/).
+    """
     captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
-    return simulate_captured(captured)
+    return simulate_captured(captured, schedule=schedule)
 
 
-def simulate_captured(captured: Captured) -> Simulation:
-    """Simulate an already captured step in its categorized order."""
+def simulate_captured(captured: Captured, *, schedule: str = "categorized") -> Simulation:
+    """Simulate an already captured step in the categorized or the recorded order."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    order, profiled = None, None
+    if schedule == "recorded":
+        from autotune.profile import record_profile
+
+        profile = record_profile(captured)
+        order = scheduled_order(captured.graph, profile.priorities())
+        profiled = profile.peak_bytes
     start = time.perf_counter()
-    result = simulate_graph(captured.graph)
+    result = simulate_graph(captured.graph, order)
     seconds = time.perf_counter() - start
-    return Simulation(captured.graph, result, seconds, captured.trace_seconds)
+    return Simulation(captured.graph, result, seconds, captured.trace_seconds, schedule, profiled)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from autotune.api import SCHEDULES
 from autotune.units import format_bytes
 
 __all__ = ["main"]
@@ -65,7 +66,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Capture a zoo model's training step and predict its peak device memory."""
     from autotune.api import simulate_captured
 
-    sim = simulate_captured(_capture_zoo(args))
+    sim = simulate_captured(_capture_zoo(args), schedule=args.schedule)
     out = {"model": args.model, "batch_size": args.batch_size, **sim.to_dict()}
     if args.json:
         print(json.dumps(out))
@@ -76,8 +77,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"persistent   {_sized(r.persistent_bytes)}  (weights, optimizer slots, input batch)")
     print(f"peak         {_sized(r.peak_bytes)}  (BFC allocator model)")
     print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
-    print(f"peak at      level {r.peak_level}, op {r.peak_op}")
+    print(f"peak at      level {r.peak_level}, op {r.peak_op}  ({sim.schedule} order)")
     print(f"simulation   {sim.simulate_seconds * 1e3:.1f} ms (tracing {sim.trace_seconds:.1f} s)")
+    if sim.profiled_peak_bytes:
+        print(f"profiled     {_sized(sim.profiled_peak_bytes)}  (measured in the recorded step)")
     return 0
 
 
@@ -121,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
             _model_args(p)
         if name == "measure":
             p.add_argument("--repeats", type=_positive_int, default=3, help="measured steps")
+        if name == "simulate":
+            p.add_argument(
+                "--schedule",
+                choices=SCHEDULES,
+                default="categorized",
+                help="op order to simulate: the paper's categorized order (no device needed), "
+                "or the order recorded from one profiled step on this device",
+            )
     return parser
 
 

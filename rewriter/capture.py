@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rewriter.opsemantics import forwards, inplace_inputs
+from rewriter.opsemantics import forwards, inplace_inputs, scratch_bytes
 from simulator.graph import Graph, Op, Tensor, TensorKind
 
 __all__ = ["CaptureError", "Captured", "capture_function", "to_specs"]
@@ -184,7 +184,17 @@ def _op(tf_op: Any) -> Op:
         forwards=forwards(tf_op.type, n_in, n_out),
         inplace=inplace_inputs(tf_op.type, n_in),
         calls=_called_functions(tf_op),
+        scratch=scratch_bytes(tf_op.type, _sizes(tf_op.inputs), _sizes(tf_op.outputs)),
     )
+
+
+def _sizes(tensors: Any) -> list[int]:
+    """Bytes of each statically shaped tensor (0 for handles and open shapes)."""
+    out = []
+    for t in tensors:
+        known = t.shape.is_fully_defined() and t.dtype.name not in ("resource", "variant", "string")
+        out.append(int(t.shape.num_elements()) * t.dtype.size if known else 0)
+    return out
 
 
 def _called_functions(tf_op: Any) -> tuple[str, ...]:

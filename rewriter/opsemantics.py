@@ -7,7 +7,7 @@ input has no other user. Counting either as new memory over-predicts the peak (R
 
 from __future__ import annotations
 
-__all__ = ["SHAPE_ONLY", "forwards", "inplace_inputs"]
+__all__ = ["SHAPE_ONLY", "forwards", "inplace_inputs", "scratch_bytes"]
 
 _FORWARD_FIRST = frozenset(
     {
@@ -110,3 +110,15 @@ def inplace_inputs(op_type: str, n_inputs: int) -> tuple[int, ...]:
     if op_type == "AddN":
         return tuple(range(n_inputs))
     return ()
+
+
+def scratch_bytes(op_type: str, input_bytes: list[int], output_bytes: list[int]) -> int:
+    """Temporary bytes the kernel holds while it runs, beyond its outputs.
+
+    Einsum transposes its operands into temporaries, multiplies into a temporary and transposes
+    that into its output (tensorflow/core/kernels/linalg/einsum_op_impl.h); we count the
+    operands and the product, an upper bound when an operand needs no transpose.
+    """
+    if op_type == "Einsum":
+        return sum(input_bytes) + sum(output_bytes)
+    return 0

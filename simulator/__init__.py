@@ -14,7 +14,7 @@ from simulator.memory import (
     compile_program,
     simulate_memory,
 )
-from simulator.order import Order, categorized_order
+from simulator.order import Order, categorized_order, scheduled_order
 from simulator.trace import Event, EventKind, Trace
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "TensorKind",
     "Trace",
     "categorized_order",
+    "scheduled_order",
     "compile_program",
     "simulate",
     "simulate_memory",

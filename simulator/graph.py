@@ -51,7 +51,8 @@ class Op:
     `forwards` maps an output index to the input index whose buffer it always shares (Identity,
     Reshape, ReadVariableOp, ...); `inplace` lists input indices whose buffer output 0 may take over
     when this op is that buffer's last user and the sizes match (element-wise kernels).
-    `calls` names the functions a call op (If, While, PartitionedCall) runs.
+    `calls` names the functions a call op (If, While, PartitionedCall) runs; `scratch` is the
+    temporary memory its kernel holds while it runs (freed when it ends).
     """
 
     name: str
@@ -63,6 +64,7 @@ class Op:
     forwards: dict[int, int] = field(default_factory=dict)
     inplace: tuple[int, ...] = ()
     calls: tuple[str, ...] = ()
+    scratch: int = 0
 
 
 class Graph:

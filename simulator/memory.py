@@ -87,8 +87,9 @@ def compile_program(
     tensors = [graph.tensors[n] for n in names]
     resident = [t.kind.resident for t in tensors]
     alloc = [_round_up(t.nbytes, granularity) for t in tensors]
+    last = _last_uses(graph, order, tid)
     steps: list[list[_Out]] = []
-    for op_name in order.ops:
+    for p, op_name in enumerate(order.ops):
         op = graph.ops[op_name]
         ins = [tid[i] for i in op.inputs]
         outs: list[_Out] = []
@@ -96,10 +97,16 @@ def compile_program(
             fwd = ins[op.forwards[j]] if j in op.forwards else -1
             cands = tuple(ins[i] for i in op.inplace) if j == 0 else ()
             outs.append((tid[out], alloc[tid[out]], fwd, cands))
+        if op.scratch:
+            # the kernel's temporary memory: a buffer that dies at the step that made it
+            outs.append((len(names), _round_up(op.scratch, granularity), -1, ()))
+            names.append(f"{op_name}:scratch")
+            alloc.append(outs[-1][1])
+            resident.append(False)
+            last.append(p)
         steps.append(outs)
     persistent = sum(a for a, r in zip(alloc, resident) if r)
     levels = [order.level[o] for o in order.ops]
-    last = _last_uses(graph, order, tid)
     return Program(order, names, steps, last, resident, alloc, persistent, levels)
 
 

@@ -7,11 +7,12 @@ deterministic. The distance between two ops is the difference of their levels.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from simulator.graph import Graph, GraphError
 
-__all__ = ["Order", "categorized_order"]
+__all__ = ["Order", "categorized_order", "scheduled_order"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,35 @@ def categorized_order(graph: Graph) -> Order:
         raise GraphError(f"graph has a cycle through op {stuck!r}")
     position = {name: i for i, name in enumerate(schedule)}
     return Order(tuple(schedule), level, position, depth)
+
+
+def scheduled_order(graph: Graph, priority: dict[str, float], base: Order | None = None) -> Order:
+    """An order that runs ops as `priority` says (e.g. the order a device executed them).
+
+    Kahn's algorithm with a heap: among ready ops the lowest priority runs first. An op without a
+    priority (fused or pruned by TensorFlow's optimizer) takes its latest predecessor's, so it runs
+    as soon as it is ready. Levels (and so distances) stay those of the categorized order.
+    """
+    base = base or categorized_order(graph)
+    index = {name: i for i, name in enumerate(graph.ops)}
+    indeg = {name: len(graph.predecessors(name)) for name in graph.ops}
+    key: dict[str, float] = {}
+    heap: list[tuple[float, int, str]] = []
+
+    def push(name: str, inherited: float) -> None:
+        key[name] = priority.get(name, inherited)
+        heapq.heappush(heap, (key[name], index[name], name))
+
+    for name, d in indeg.items():
+        if d == 0:
+            push(name, -1.0)
+    schedule: list[str] = []
+    while heap:
+        _, _, name = heapq.heappop(heap)
+        schedule.append(name)
+        for s in graph.successors(name):
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                push(s, max(key[p] for p in graph.predecessors(s)))
+    position = {name: i for i, name in enumerate(schedule)}
+    return Order(tuple(schedule), base.level, position, base.n_levels)

@@ -121,3 +121,16 @@ def test_trace_invariants(g: Graph) -> None:
     assert r.peak_bytes == max(lives, default=r.persistent_bytes)
     assert (lives[-1] if lives else r.persistent_bytes) == r.persistent_bytes
     assert replay_peak(r.trace, list(r.resident_sizes)) >= r.peak_bytes
+
+
+def test_scratch_memory_counts_only_while_its_op_runs() -> None:
+    g = chain(2, 1024)
+    g.ops["op1"].scratch = 4096
+    r = run(g)
+    seq = [(e.kind.name, e.tensor, e.live_bytes) for e in r.trace]
+    assert seq[:3] == [
+        ("ALLOC", "op1:0", 2048),
+        ("ALLOC", "op1:scratch", 6144),
+        ("FREE", "op1:scratch", 2048),
+    ]
+    assert r.peak_bytes == 6144 and r.peak_op == "op1"

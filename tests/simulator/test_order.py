@@ -34,3 +34,30 @@ def test_cycle_is_reported() -> None:
     g.control_consumers.setdefault("op2", []).append("op1")
     with pytest.raises(GraphError, match="cycle"):
         categorized_order(g)
+
+
+def test_scheduled_order_follows_priorities_and_stays_topological() -> None:
+    from simulator import scheduled_order
+
+    g = diamond()
+    order = scheduled_order(g, {"x": 0, "a": 1, "c": 2, "b": 3, "d": 4})
+    assert order.ops == ("x", "a", "c", "b", "d")
+    assert order.level == categorized_order(g).level
+
+
+def test_unrecorded_ops_run_as_soon_as_ready() -> None:
+    from simulator import scheduled_order
+
+    g = diamond()
+    # 'c' was fused away by TensorFlow: it inherits 'a''s priority and runs right after it
+    order = scheduled_order(g, {"x": 0, "a": 1, "b": 5, "d": 9})
+    assert order.ops == ("x", "a", "c", "b", "d")
+
+
+def test_scheduled_order_never_breaks_an_edge() -> None:
+    from simulator import scheduled_order
+
+    g = diamond()
+    order = scheduled_order(g, {"d": -5, "b": -4})  # priorities that contradict the edges
+    for name in g.ops:
+        assert all(order.position[p] < order.position[name] for p in g.predecessors(name))
