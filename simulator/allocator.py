@@ -26,7 +26,7 @@ class OutOfMemory(RuntimeError):
     """The modelled allocator could not place a request within its memory limit."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chunk:
     size: int
     in_use: bool
@@ -89,7 +89,8 @@ class BFCModel:
         chunk = self.chunks[addr]
         chunk.in_use = True
         self.in_use += chunk.size
-        self.peak = max(self.peak, self.in_use)
+        if self.in_use > self.peak:
+            self.peak = self.in_use
         return addr
 
     def _split(self, addr: int, rounded: int) -> None:
