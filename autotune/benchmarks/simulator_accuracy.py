@@ -93,6 +93,7 @@ def _case(model: str, batch: int, cube: int | None, processes: int) -> Row:
     g_peak, g_seconds = grappler_peak(cap.concrete_function)
     args = _model_args(model, batch, cube)
     peaks = [int(_cli("measure", *args)["peak_bytes"]) for _ in range(processes)]
+    rec = _cli("simulate", *args, "--schedule", "recorded")
     return Row(
         model,
         batch,
@@ -104,6 +105,8 @@ def _case(model: str, batch: int, cube: int | None, processes: int) -> Row:
         g_peak,
         g_seconds,
         sim.simulate_seconds,
+        int(rec["peak_bytes"]),
+        int(rec["profiled_peak_bytes"]),
     )
 
 
