@@ -6,6 +6,8 @@ Nothing in this package imports TensorFlow; `tests/simulator/test_no_tensorflow.
 import dataclasses
 
 from simulator.allocator import BFCModel, OutOfMemory, replay_peak
+from simulator.bounds import lower_bound_bytes
+from simulator.devices import PRESETS, DevicePreset, get_preset
 from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
 from simulator.memory import (
     ALLOCATOR_GRANULARITY,
@@ -15,9 +17,29 @@ from simulator.memory import (
     simulate_memory,
 )
 from simulator.order import Order, categorized_order, scheduled_order
+from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
+from simulator.run import PlanResult, simulate_plan
+from simulator.swap import apply_plan
+from simulator.timing import Link, Timeline, TimeResult, Transfer, simulate_time
 from simulator.trace import Event, EventKind, Trace
 
 __all__ = [
+    "PRESETS",
+    "DevicePreset",
+    "InvalidPlan",
+    "Link",
+    "PlanResult",
+    "Swap",
+    "SwapIn",
+    "SwapPlan",
+    "TimeResult",
+    "Timeline",
+    "Transfer",
+    "apply_plan",
+    "get_preset",
+    "lower_bound_bytes",
+    "simulate_plan",
+    "simulate_time",
     "ALLOCATOR_GRANULARITY",
     "BFCModel",
     "OutOfMemory",

@@ -151,9 +151,12 @@ def replay_peak(
 
 def _replay(trace: Trace, model: BFCModel) -> None:
     where: dict[int, int] = {}
-    alloc, free = int(EventKind.ALLOC), int(EventKind.FREE)
-    for kind, tensor, nbytes in zip(trace.kind, trace.tensor, trace.nbytes):
-        if kind == alloc:
-            where[tensor] = model.allocate(nbytes)
+    release = model.release
+    allocate = model.allocate
+    free = int(EventKind.FREE)
+    device_allocs = (int(EventKind.ALLOC), int(EventKind.SWAP_IN))
+    for kind, _, tensor, nbytes, _, _ in trace.rows:
+        if kind in device_allocs:
+            where[tensor] = allocate(nbytes)
         elif kind == free:
-            model.release(where.pop(tensor))
+            release(where.pop(tensor))

@@ -8,7 +8,7 @@ input's buffer, and an element-wise op may take over an input buffer that dies a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simulator.graph import Graph
 from simulator.order import Order, categorized_order
@@ -22,6 +22,9 @@ ALLOCATOR_GRANULARITY = 256
 
 _ALLOC = int(EventKind.ALLOC)
 _FREE = int(EventKind.FREE)
+_SWAP_OUT = int(EventKind.SWAP_OUT)
+_SWAP_IN = int(EventKind.SWAP_IN)
+_HOST_FREE = int(EventKind.HOST_FREE)
 
 # One output in the compiled program: (tensor id, allocation bytes, forwarded-from id, in-place ids)
 _Out = tuple[int, int, int, tuple[int, ...]]
@@ -43,6 +46,11 @@ class Program:
     alloc_bytes: list[int]
     persistent_bytes: int
     levels: list[int]
+    tid: dict[str, int] = field(default_factory=dict)
+    #: per step, host copies made (tensor id, bytes) and host copies released
+    host_out: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    host_free: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    swap_in_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,7 @@ class SimResult:
     order: Order
     live_peak_bytes: int
     resident_sizes: tuple[int, ...]
+    host_peak_bytes: int = 0
 
     @property
     def transient_peak_bytes(self) -> int:
@@ -107,7 +116,7 @@ def compile_program(
         steps.append(outs)
     persistent = sum(a for a, r in zip(alloc, resident) if r)
     levels = [order.level[o] for o in order.ops]
-    return Program(order, names, steps, last, resident, alloc, persistent, levels)
+    return Program(order, names, steps, last, resident, alloc, persistent, levels, tid)
 
 
 class _Walk:
@@ -118,37 +127,46 @@ class _Walk:
         self.buf = list(range(len(program.last_use)))
         self.buf_last = list(program.last_use)
         self.alive = [False] * len(program.last_use)
-        self.frees: list[list[int]] = [[] for _ in range(len(program.steps) + 1)]
+        self.frees: dict[int, list[int]] = {}
         self.trace = Trace(program.order.ops, program.levels, program.names)
         self.live = self.peak = program.persistent_bytes
         self.peak_step = 0
+        self.host = self.host_peak = 0
 
     def run_op(self, p: int, outs: list[_Out]) -> None:
         """Give each output of the op at step `p` a buffer: forwarded, reused or new."""
         last, buf, buf_last = self.program.last_use, self.buf, self.buf_last
         for t, nbytes, fwd, cands in outs:
-            b = fwd if fwd >= 0 else self._reuse(cands, nbytes, p)
+            b = fwd if fwd >= 0 else (self._reuse(cands, nbytes, p) if cands else -1)
             if b >= 0:
                 b = buf[t] = buf[b]
                 if last[t] > buf_last[b]:
                     buf_last[b] = last[t]
-                    self.frees[last[t]].append(b)
+                    self.frees.setdefault(last[t], []).append(b)
             elif nbytes and not self.program.resident[t]:
                 self.alive[t] = True
-                self.frees[last[t]].append(t)
+                self.frees.setdefault(last[t], []).append(t)
                 self.live += nbytes
-                self.trace.record(_ALLOC, p, t, nbytes, self.live)
+                kind = _SWAP_IN if t in self.program.swap_in_ids else _ALLOC
+                self.trace.record(kind, p, t, nbytes, self.live, self.host)
                 if self.live > self.peak:
                     self.peak, self.peak_step = self.live, p
+
+    def host_events(self, p: int, events: list[tuple[int, int]], kind: int, sign: int) -> None:
+        """Copies to the host (sign +1) or their release (sign -1) at step `p`."""
+        for t, nbytes in events:
+            self.host += sign * nbytes
+            self.host_peak = max(self.host_peak, self.host)
+            self.trace.record(kind, p, t, nbytes, self.live, self.host)
 
     def free_dead(self, p: int) -> None:
         """Free every buffer whose last use is step `p`."""
         alive, buf_last, sizes = self.alive, self.buf_last, self.program.alloc_bytes
-        for b in self.frees[p]:
+        for b in self.frees.get(p, ()):
             if alive[b] and buf_last[b] == p:
                 alive[b] = False
                 self.live -= sizes[b]
-                self.trace.record(_FREE, p, b, sizes[b], self.live)
+                self.trace.record(_FREE, p, b, sizes[b], self.live, self.host)
 
     def _reuse(self, cands: tuple[int, ...], nbytes: int, p: int) -> int:
         """An input whose live buffer dies at step `p` and has the output's exact size, else -1."""
@@ -162,9 +180,16 @@ class _Walk:
 def simulate_memory(program: Program) -> SimResult:
     """Run the interpreter over the compiled schedule and return the peak and the trace."""
     walk = _Walk(program)
+    host_out, host_free, frees = program.host_out, program.host_free, walk.frees
     for p, outs in enumerate(program.steps):
-        walk.run_op(p, outs)
-        walk.free_dead(p)
+        if outs:
+            walk.run_op(p, outs)
+        if p in host_out:
+            walk.host_events(p, host_out[p], _SWAP_OUT, 1)
+        if p in frees:
+            walk.free_dead(p)
+        if p in host_free:
+            walk.host_events(p, host_free[p], _HOST_FREE, -1)
     walk.free_dead(len(program.steps))
     order, sizes = program.order, program.alloc_bytes
     residents = tuple(a for a, r in zip(sizes, program.resident) if r and a)
@@ -179,4 +204,5 @@ def simulate_memory(program: Program) -> SimResult:
         order,
         walk.peak,
         residents,
+        walk.host_peak,
     )

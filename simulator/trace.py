@@ -19,6 +19,7 @@ class EventKind(IntEnum):
     SWAP_OUT = 2
     SWAP_IN = 3
     STALL = 4
+    HOST_FREE = 5
 
 
 @dataclass(frozen=True)
@@ -32,50 +33,71 @@ class Event:
     tensor: str
     nbytes: int
     live_bytes: int
+    host_bytes: int = 0
+
+
+_Row = tuple[int, int, int, int, int, int]  # kind, step, tensor id, bytes, device live, host live
 
 
 class Trace:
-    """Events stored as columns (cheap to build in the hot loop), viewed as `Event`s on demand."""
+    """Events stored as tuples (one append in the hot loop), read as columns or `Event`s."""
 
     def __init__(self, ops: tuple[str, ...], levels: list[int], tensors: list[str]) -> None:
         self._ops = ops
         self._levels = levels
         self._tensors = tensors
-        self.kind: list[int] = []
-        self.step: list[int] = []
-        self.tensor: list[int] = []
-        self.nbytes: list[int] = []
-        self.live: list[int] = []
+        self.rows: list[_Row] = []
+        self._columns: list[tuple[int, ...]] | None = None
 
-    def record(self, kind: int, step: int, tensor: int, nbytes: int, live: int) -> None:
+    def record(
+        self, kind: int, step: int, tensor: int, nbytes: int, live: int, host: int = 0
+    ) -> None:
         """Append one event (the interpreter's only way to write the trace)."""
-        self.kind.append(kind)
-        self.step.append(step)
-        self.tensor.append(tensor)
-        self.nbytes.append(nbytes)
-        self.live.append(live)
+        self.rows.append((kind, step, tensor, nbytes, live, host))
+        self._columns = None
+
+    def _column(self, i: int) -> tuple[int, ...]:
+        if self._columns is None:
+            self._columns = list(zip(*self.rows)) if self.rows else [()] * 6
+        return self._columns[i]
+
+    @property
+    def kind(self) -> tuple[int, ...]:
+        return self._column(0)
+
+    @property
+    def step(self) -> tuple[int, ...]:
+        return self._column(1)
+
+    @property
+    def tensor(self) -> tuple[int, ...]:
+        return self._column(2)
+
+    @property
+    def nbytes(self) -> tuple[int, ...]:
+        return self._column(3)
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        return self._column(4)
+
+    @property
+    def host(self) -> tuple[int, ...]:
+        return self._column(5)
 
     def __len__(self) -> int:
-        return len(self.kind)
+        return len(self.rows)
 
     def __iter__(self) -> Iterator[Event]:
-        for i in range(len(self.kind)):
+        for i in range(len(self.rows)):
             yield self.event(i)
 
     def event(self, i: int) -> Event:
         """The i-th event as a record."""
-        step = self.step[i]
+        kind, step, tensor, nbytes, live, host = self.rows[i]
         op = self._ops[step] if step < len(self._ops) else "<end>"
         level = self._levels[step] if step < len(self._levels) else -1
-        return Event(
-            EventKind(self.kind[i]),
-            step,
-            level,
-            op,
-            self._tensors[self.tensor[i]],
-            self.nbytes[i],
-            self.live[i],
-        )
+        return Event(EventKind(kind), step, level, op, self._tensors[tensor], nbytes, live, host)
 
     @property
     def events(self) -> list[Event]:

@@ -54,3 +54,34 @@ def diamond() -> Graph:
     d = add(g, "d", b + c, 256)
     g.mark_outputs(d)
     return g
+
+
+def training_chain(sizes: tuple[int, int, int] = (1024, 1024, 1024)) -> Graph:
+    """Forward f1 -> f2 -> f3, backward b3 -> b2 (reads f2) -> b1 (reads f1), like a tape."""
+    g = Graph("training_chain")
+    x = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+    f1 = add(g, "f1", x, sizes[0])
+    f2 = add(g, "f2", f1, sizes[1])
+    f3 = add(g, "f3", f2, sizes[2])
+    b3 = add(g, "gradient_tape/b3", f3, 1024)
+    b2 = add(g, "gradient_tape/b2", b3 + f2, 1024)
+    b1 = add(g, "gradient_tape/b1", b2 + f1, 1024)
+    g.mark_outputs(b1)
+    return g
+
+
+def unet_skip() -> Graph:
+    """An encoder activation e1 skips to the decoder (concat) and is read again in backward."""
+    g = Graph("unet_skip")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    e1 = add(g, "e1", x, 8192)
+    e2 = add(g, "e2", e1, 2048)
+    d2 = add(g, "d2", e2, 2048)
+    cat = add(g, "cat", d2 + e1, 10240)
+    loss = add(g, "loss", cat, 256)
+    g_cat = add(g, "gradient_tape/cat", loss + cat, 10240)
+    g_e1 = add(g, "gradient_tape/e1_conv", g_cat + e1, 8192)
+    g_d2 = add(g, "gradient_tape/d2", g_cat + e2, 2048)
+    g_e2 = add(g, "gradient_tape/e2", g_d2 + g_e1, 2048)
+    g.mark_outputs(g_e2)
+    return g

@@ -1,0 +1,46 @@
+"""Per-op compute times from TensorFlow's analytical cost model, for a device preset.
+
+Grappler's virtual cluster (`Cluster.MeasureCosts`) estimates each node's compute cost from its
+shapes and the device's properties (SM count, clock, memory bandwidth); nodes must carry a GPU
+device name to get GPU estimates.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from simulator.devices import DevicePreset
+
+__all__ = ["grappler_costs"]
+
+_GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+
+def grappler_costs(cf: Any, preset: DevicePreset) -> tuple[dict[str, float], float]:
+    """({op name: seconds}, seconds the estimate took) for the concrete function `cf`."""
+    import tensorflow as tf
+    from tensorflow.core.protobuf import device_properties_pb2
+    from tensorflow.python.grappler import cluster as gcluster
+    from tensorflow.python.grappler import item as gitem
+
+    graph_def = cf.graph.as_graph_def()
+    for node in graph_def.node:
+        node.device = _GPU
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=cf.graph)
+    meta.collection_def["train_op"].node_list.value.extend(t.name for t in cf.outputs)
+    props = device_properties_pb2.DeviceProperties(
+        type="GPU",
+        vendor="NVIDIA",
+        frequency=preset.clock_mhz,
+        num_cores=preset.sm_count,
+        memory_size=preset.memory_bytes,
+        bandwidth=int(preset.memory_bandwidth_bytes_per_s / 1000),  # KB/s, as Grappler wants
+        environment={"architecture": "7", "cuda": "11000", "cudnn": "8000"},
+    )
+    named = device_properties_pb2.NamedDevice(name=_GPU, properties=props)
+    cluster = gcluster.Cluster(devices=[named])
+    start = time.perf_counter()
+    op_perfs, _, _ = cluster.MeasureCosts(gitem.Item(meta))
+    seconds = time.perf_counter() - start
+    return {p.node: p.compute_cost * 1e-9 for p in op_perfs}, seconds

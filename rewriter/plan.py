@@ -1,0 +1,228 @@
+"""Derive a swap plan from the paper's parameters (pure Python: no TensorFlow needed to run it).
+
+Candidates are tensors produced in the forward phase and read by a backward op at least
+`threshold` levels later, counted in topological order from the start; `n_tensors` of them are
+swapped (-1 all, 0 none). Each backward reader is rerouted to a swap-in triggered by an op
+`lb`..`ub` levels before it, found in the categorized order (`direct_order`) or by walking up the
+reader's own inputs (`chain_rule`); swap-ins of one tensor whose readers lie within `groupby`
+levels are fused. Shape-only ops are never rerouted and never triggers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rewriter.opsemantics import SHAPE_ONLY
+from simulator.graph import Graph, TensorKind
+from simulator.order import Order, categorized_order
+from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
+
+__all__ = ["BACKWARD_SCOPES", "PlanContext", "PlanParams", "check_plan", "derive_plan"]
+
+#: Name scopes of the backward phase: TF2's GradientTape and TF1-style gradients.
+BACKWARD_SCOPES = ("gradient_tape/", "gradients/")
+TRIGGER_STRATEGIES = ("direct_order", "chain_rule")
+_NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
+
+
+@dataclass(frozen=True)
+class PlanParams:
+    """The swap parameters; the defaults are the original tool's (n_tensors=-1, lb=1, ub=10000)."""
+
+    n_tensors: int = -1
+    lb: int = 1
+    ub: int = 10000
+    threshold: int = 1
+    groupby: int = 0
+    trigger: str = "direct_order"
+    include_types: tuple[str, ...] = ()
+    exclude_types: tuple[str, ...] = ()
+    include_scopes: tuple[str, ...] = ()
+    exclude_scopes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n_tensors < -1:
+            raise ValueError(f"n_tensors must be -1 (all), 0 (none) or more, got {self.n_tensors}")
+        if not 1 <= self.lb <= self.ub:
+            raise ValueError(f"need 1 <= lb <= ub, got lb={self.lb}, ub={self.ub}")
+        if self.threshold < 1 or self.groupby < 0:
+            raise ValueError("threshold must be at least 1 and groupby at least 0")
+        if self.trigger not in TRIGGER_STRATEGIES:
+            raise ValueError(f"trigger must be one of {', '.join(TRIGGER_STRATEGIES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    tensor: str
+    producer: str
+    level: int
+    readers: tuple[tuple[int, str], ...]  # (level, op) of backward readers, by level
+
+
+@dataclass
+class PlanContext:
+    """What plan derivation needs from a graph, computed once and reused for every plan."""
+
+    graph: Graph
+    order: Order
+    backward: frozenset[str]
+    candidates: list[_Candidate]
+    by_level: list[list[str]]
+    _preds: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        graph: Graph,
+        order: Order | None = None,
+        backward_scopes: tuple[str, ...] = BACKWARD_SCOPES,
+    ) -> PlanContext:
+        order = order or categorized_order(graph)
+        backward = frozenset(n for n in graph.ops if _in_scopes(n, backward_scopes))
+        by_level: list[list[str]] = [[] for _ in range(order.n_levels)]
+        for name in order.ops:
+            if graph.ops[name].type not in _NOT_TRIGGERS:
+                by_level[order.level[name]].append(name)
+        ctx = cls(graph, order, backward, [], by_level)
+        ctx.candidates = ctx._find_candidates()
+        return ctx
+
+    def _find_candidates(self) -> list[_Candidate]:
+        out = []
+        for producer in self.order.ops:
+            op = self.graph.ops[producer]
+            if producer in self.backward or op.forwards:
+                continue
+            for name in op.outputs:
+                c = self._candidate(name, producer)
+                if c is not None:
+                    out.append(c)
+        return out
+
+    def _candidate(self, name: str, producer: str) -> _Candidate | None:
+        t = self.graph.tensors[name]
+        if t.kind is not TensorKind.TRANSIENT or t.nbytes == 0 or name in self.graph.outputs:
+            return None
+        readers = sorted(
+            (self.order.level[c], c)
+            for c in set(t.consumers)
+            if c in self.backward and self.graph.ops[c].type not in SHAPE_ONLY
+        )
+        if not readers:
+            return None
+        return _Candidate(name, producer, self.order.level[producer], tuple(readers))
+
+    def preds(self, name: str) -> list[str]:
+        if name not in self._preds:
+            self._preds[name] = self.graph.predecessors(name)
+        return self._preds[name]
+
+
+def _in_scopes(name: str, scopes: tuple[str, ...]) -> bool:
+    return any(name.startswith(s) or f"/{s}" in name for s in scopes)
+
+
+def derive_plan(ctx: PlanContext, params: PlanParams) -> SwapPlan:
+    """The swap plan `params` gives on the graph of `ctx`."""
+    swaps: list[Swap] = []
+    for cand in ctx.candidates:
+        if params.n_tensors != -1 and len(swaps) >= params.n_tensors:
+            break
+        if not _selected(ctx, cand, params):
+            continue
+        swap = _swap(ctx, cand, params)
+        if swap is not None:
+            swaps.append(swap)
+    return SwapPlan(tuple(swaps), params.to_dict(), ctx.graph.name)
+
+
+def _selected(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> bool:
+    op_type = ctx.graph.ops[cand.producer].type
+    far = cand.readers[-1][0] - cand.level >= params.threshold
+    if not far or op_type in params.exclude_types:
+        return False
+    if params.include_types and op_type not in params.include_types:
+        return False
+    if _in_scopes(cand.producer, params.exclude_scopes):
+        return False
+    return not params.include_scopes or _in_scopes(cand.producer, params.include_scopes)
+
+
+def _swap(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> Swap | None:
+    """Group the far readers, find each group's trigger; None when no group gets one."""
+    far = [(lvl, c) for lvl, c in cand.readers if lvl - cand.level >= params.threshold]
+    swap_ins = []
+    for group in _groups(far, params.groupby):
+        trigger = _trigger(ctx, cand, group[0], params)
+        if trigger is not None:
+            swap_ins.append(SwapIn(trigger, tuple(c for _, c in group)))
+    if not swap_ins:
+        return None
+    nbytes = ctx.graph.tensors[cand.tensor].nbytes
+    return Swap(cand.tensor, nbytes, tuple(swap_ins))
+
+
+def _groups(readers: list[tuple[int, str]], groupby: int) -> list[list[tuple[int, str]]]:
+    groups: list[list[tuple[int, str]]] = []
+    for lvl, c in readers:
+        if groups and lvl - groups[-1][0][0] <= groupby:
+            groups[-1].append((lvl, c))
+        else:
+            groups.append([(lvl, c)])
+    return groups
+
+
+def _trigger(
+    ctx: PlanContext, cand: _Candidate, first: tuple[int, str], params: PlanParams
+) -> str | None:
+    level, reader = first
+    if params.trigger == "chain_rule":
+        return _chain_rule(ctx, cand, reader, params)
+    for d in range(params.lb, params.ub + 1):
+        at = level - d
+        if at <= cand.level:
+            return None
+        if ctx.by_level[at]:
+            return ctx.by_level[at][0]
+    return None
+
+
+def _chain_rule(ctx: PlanContext, cand: _Candidate, reader: str, params: PlanParams) -> str | None:
+    """Walk up the reader's backward inputs (breadth first) to an op `lb`..`ub` levels before
+    it: the swap-in then follows the chain of gradients that leads to its reader."""
+    level = ctx.order.level
+    seen, queue = {reader}, deque([reader])
+    while queue:
+        op = queue.popleft()
+        for p in ctx.preds(op):
+            if p in seen or level[p] <= cand.level or p not in ctx.backward:
+                continue
+            seen.add(p)
+            d = level[reader] - level[p]
+            if params.lb <= d <= params.ub and ctx.graph.ops[p].type not in _NOT_TRIGGERS:
+                return p
+            if d < params.ub:
+                queue.append(p)
+    return None
+
+
+def check_plan(graph: Graph, order: Order, plan: SwapPlan) -> None:
+    """Raise InvalidPlan unless every swap-in is triggered strictly before all its readers (so
+    no trigger can depend on its own swap-in: no cycle) and no shape-only op is involved."""
+    for swap in plan.swaps:
+        for s in swap.swap_ins:
+            if s.trigger not in graph.ops or any(c not in graph.ops for c in s.consumers):
+                raise InvalidPlan(f"swap-in of {swap.tensor!r} names ops missing from the graph")
+            first = min(order.level[c] for c in s.consumers)
+            if order.level[s.trigger] >= first:
+                raise InvalidPlan(
+                    f"trigger {s.trigger!r} of {swap.tensor!r} is not before its readers: cycle"
+                )
+            involved = [s.trigger, *s.consumers]
+            if any(graph.ops[o].type in SHAPE_ONLY for o in involved):
+                raise InvalidPlan(f"swap-in of {swap.tensor!r} involves a shape-only op")

@@ -1,0 +1,41 @@
+"""The lowest peak any swap plan could reach: resident bytes plus the largest single-op need.
+
+Every op needs its inputs and outputs on the device while it runs (and its kernel's scratch), so
+no plan can go below the resident bytes plus the largest such working set. Tuning is judged
+against this bound.
+"""
+
+from __future__ import annotations
+
+from simulator.graph import Graph
+from simulator.memory import ALLOCATOR_GRANULARITY, _round_up
+
+__all__ = ["lower_bound_bytes"]
+
+
+def _root(graph: Graph, name: str) -> str:
+    """The tensor whose buffer `name` shares (following forwarding ops), or `name` itself."""
+    while True:
+        t = graph.tensors[name]
+        op = graph.ops[t.producer]
+        j = op.outputs.index(name)
+        if j not in op.forwards:
+            return name
+        name = op.inputs[op.forwards[j]]
+
+
+def lower_bound_bytes(graph: Graph, *, granularity: int = ALLOCATOR_GRANULARITY) -> int:
+    """Resident bytes plus the largest working set (inputs, outputs, scratch) of any op."""
+    resident = sum(
+        _round_up(t.nbytes, granularity) for t in graph.tensors.values() if t.kind.resident
+    )
+    best = 0
+    for op in graph.ops.values():
+        roots = {_root(graph, n) for n in [*op.inputs, *op.outputs]}
+        need = sum(
+            _round_up(graph.tensors[r].nbytes, granularity)
+            for r in roots
+            if not graph.tensors[r].kind.resident
+        )
+        best = max(best, need + _round_up(op.scratch, granularity))
+    return resident + best

@@ -1,0 +1,106 @@
+"""Device presets: memory, host link bandwidth, and the properties the per-op cost model needs.
+
+Link figures are the measured per-direction bandwidths recorded in REFERENCE.md (nominal in
+brackets there); compute properties are the vendors' published SM counts, boost clocks and
+memory bandwidths, which Grappler's analytical cost model takes as input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from simulator.timing import Link
+
+__all__ = ["PRESETS", "DevicePreset", "get_preset"]
+
+GIB = 1 << 30
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class DevicePreset:
+    """A GPU with its host link: what swapping and the time model need to know."""
+
+    name: str
+    memory_bytes: int
+    d2h_bytes_per_s: float
+    h2d_bytes_per_s: float
+    sm_count: int
+    clock_mhz: int
+    memory_bandwidth_bytes_per_s: float
+    description: str
+
+    @property
+    def link(self) -> Link:
+        return Link(self.d2h_bytes_per_s, self.h2d_bytes_per_s)
+
+    def with_overrides(
+        self, *, memory_bytes: int | None = None, link_bytes_per_s: float | None = None
+    ) -> DevicePreset:
+        """This preset with memory or link bandwidth (both directions) given by hand."""
+        out = self if memory_bytes is None else replace(self, memory_bytes=memory_bytes)
+        if link_bytes_per_s is not None:
+            out = replace(out, d2h_bytes_per_s=link_bytes_per_s, h2d_bytes_per_s=link_bytes_per_s)
+        return out
+
+
+_V100 = {"sm_count": 80, "clock_mhz": 1530, "memory_bandwidth_bytes_per_s": 900 * GB}
+
+PRESETS: dict[str, DevicePreset] = {
+    p.name: p
+    for p in (
+        DevicePreset(
+            "v100-16gb-nvlink2",
+            16 * GIB,
+            68 * GB,
+            68 * GB,
+            **_V100,
+            description="V100 16 GB on POWER9 with NVLink 2.0 (the papers' machine)",
+        ),
+        DevicePreset(
+            "v100-16gb-pcie3",
+            16 * GIB,
+            12 * GB,
+            12 * GB,
+            **_V100,
+            description="V100 16 GB on PCIe Gen3 x16",
+        ),
+        DevicePreset(
+            "a100-40gb-pcie4",
+            40 * GIB,
+            25 * GB,
+            25 * GB,
+            108,
+            1410,
+            1555 * GB,
+            description="A100 40 GB on PCIe Gen4 x16",
+        ),
+        DevicePreset(
+            "h100-80gb-pcie5",
+            80 * GIB,
+            53 * GB,
+            35 * GB,
+            114,
+            1755,
+            2000 * GB,
+            description="H100 80 GB PCIe on PCIe Gen5 x16",
+        ),
+        DevicePreset(
+            "h200-141gb-pcie5",
+            141 * GB,
+            53 * GB,
+            35 * GB,
+            132,
+            1980,
+            4800 * GB,
+            description="H200 141 GB on PCIe Gen5 x16 (link as H100)",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> DevicePreset:
+    """The preset `name`; ValueError listing the presets if there is none."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown device preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,82 @@
+"""The swap plan: plain data that the simulator simulates and the TensorFlow rewriter applies.
+
+One `SwapPlan` object is the single source of truth for both, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["InvalidPlan", "Swap", "SwapIn", "SwapPlan"]
+
+
+class InvalidPlan(ValueError):
+    """The plan cannot run on this graph: it names missing ops, or reads a tensor on the host."""
+
+
+@dataclass(frozen=True)
+class SwapIn:
+    """Bring a swapped tensor back after op `trigger` ran, for the backward `consumers`."""
+
+    trigger: str
+    consumers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Copy `tensor` to the host once its producer ran; its device copy dies after the last
+    consumer not rerouted to a swap-in; each swap-in brings it back for its consumers."""
+
+    tensor: str
+    nbytes: int
+    swap_ins: tuple[SwapIn, ...]
+
+    @property
+    def rerouted(self) -> frozenset[str]:
+        """All consumers that read a swapped-in copy instead of the original."""
+        return frozenset(c for s in self.swap_ins for c in s.consumers)
+
+
+@dataclass(frozen=True)
+class SwapPlan:
+    """The swaps of one graph, with the parameters they came from (for reports and checks)."""
+
+    swaps: tuple[Swap, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+    graph_name: str = ""
+
+    @property
+    def swapped_bytes(self) -> int:
+        """Bytes copied to the host per step."""
+        return sum(s.nbytes for s in self.swaps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form."""
+        return {
+            "params": dict(self.params),
+            "graph": self.graph_name,
+            "swaps": [
+                {
+                    "tensor": s.tensor,
+                    "nbytes": s.nbytes,
+                    "swap_ins": [
+                        {"trigger": i.trigger, "consumers": list(i.consumers)} for i in s.swap_ins
+                    ],
+                }
+                for s in self.swaps
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SwapPlan:
+        """Read back `to_dict`'s form."""
+        swaps = tuple(
+            Swap(
+                s["tensor"],
+                int(s["nbytes"]),
+                tuple(SwapIn(i["trigger"], tuple(i["consumers"])) for i in s["swap_ins"]),
+            )
+            for s in data.get("swaps", [])
+        )
+        return cls(swaps, dict(data.get("params", {})), data.get("graph", ""))

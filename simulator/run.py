@@ -1,0 +1,56 @@
+"""Simulate one step with a swap plan: time model first, then memory, then the allocator."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from simulator.allocator import BFCModel, replay_peak
+from simulator.graph import Graph
+from simulator.memory import Program, SimResult, simulate_memory
+from simulator.plan import SwapPlan
+from simulator.swap import apply_plan
+from simulator.timing import Link, Timeline, TimeResult, simulate_time
+
+__all__ = ["PlanResult", "simulate_plan"]
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """Device memory (with the allocator's peak), host memory and, given costs, step time."""
+
+    memory: SimResult
+    time: TimeResult | None
+    plan: SwapPlan
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak_bytes
+
+    @property
+    def host_peak_bytes(self) -> int:
+        return self.memory.host_peak_bytes
+
+
+def simulate_plan(
+    program: Program,
+    graph: Graph,
+    plan: SwapPlan,
+    *,
+    timeline: Timeline | None = None,
+    link: Link | None = None,
+    allocator: BFCModel | None = None,
+) -> PlanResult:
+    """Simulate `plan` on the lowered graph. With a `timeline` (per-op compute seconds in this
+    schedule) and a `link`, the time model decides when
+    each swapped-out device copy may be freed; without, copies are taken to be instant. With an
+    `allocator`, the reported peak is the one it reaches replaying the trace."""
+    timing = None
+    if timeline is not None and link is not None:
+        timing = simulate_time(graph, timeline, plan, link)
+    lowered = apply_plan(program, graph, plan, timing.released if timing else None)
+    memory = simulate_memory(lowered)
+    if allocator is not None:
+        peak = replay_peak(memory.trace, list(memory.resident_sizes), allocator)
+        memory = dataclasses.replace(memory, peak_bytes=peak)
+    return PlanResult(memory, timing, plan)

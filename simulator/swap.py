@@ -1,0 +1,124 @@
+"""Lower a swap plan onto a compiled program: swap-outs, swap-ins, rerouted consumers.
+
+The device copy of a swapped tensor dies after its last consumer that is not rerouted (or, with
+the time model, once its copy to the host has finished, if that is later); each swap-in allocates
+a device copy when its trigger op has run, which its rerouted consumers read; the host copy is
+released once the last swap-in has read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from simulator.graph import Graph
+from simulator.memory import Program, _Out
+from simulator.plan import InvalidPlan, Swap, SwapPlan
+
+__all__ = ["apply_plan"]
+
+
+def apply_plan(
+    program: Program, graph: Graph, plan: SwapPlan, release: dict[str, int] | None = None
+) -> Program:
+    """`program` with `plan` applied; `release` gives, per tensor, the step by which its copy to
+    the host has finished (from the time model). Raise InvalidPlan for a plan that cannot run."""
+    lowered = _Lowering(program)
+    seen: set[str] = set()
+    for swap in plan.swaps:
+        if swap.tensor in seen:
+            raise InvalidPlan(f"tensor {swap.tensor!r} is swapped twice")
+        seen.add(swap.tensor)
+        lowered.add(graph, swap, (release or {}).get(swap.tensor, -1))
+    return lowered.program()
+
+
+class _Lowering:
+    """Copies of the program's lists, edited swap by swap."""
+
+    def __init__(self, program: Program) -> None:
+        self.base = program
+        self.steps = list(program.steps)
+        self.last = list(program.last_use)
+        self.names = list(program.names)
+        self.alloc = list(program.alloc_bytes)
+        self.resident = list(program.resident)
+        self.host_out: dict[int, list[tuple[int, int]]] = {}
+        self.host_free: dict[int, list[tuple[int, int]]] = {}
+        self.swap_ins: set[int] = set()
+
+    def add(self, graph: Graph, swap: Swap, released: int) -> None:
+        pos = self.base.order.position
+        t = self._tensor_id(graph, swap)
+        tensor = graph.tensors[swap.tensor]
+        produced = pos[tensor.producer]
+        rerouted = swap.rerouted
+        kept = [pos[c] for c in tensor.consumers if c not in rerouted]
+        self.last[t] = max([produced, released, *kept])
+        self.host_out.setdefault(produced, []).append((t, self.alloc[t]))
+        done = produced
+        for k, swap_in in enumerate(swap.swap_ins):
+            at = self._add_swap_in(t, produced, swap, k, swap_in.trigger, swap_in.consumers)
+            done = max(done, at)
+        self.host_free.setdefault(done, []).append((t, self.alloc[t]))
+
+    def _tensor_id(self, graph: Graph, swap: Swap) -> int:
+        tensor = graph.tensors.get(swap.tensor)
+        if tensor is None or swap.tensor not in self.base.tid:
+            raise InvalidPlan(f"plan swaps tensor {swap.tensor!r}, which is not in the graph")
+        if tensor.kind.resident:
+            raise InvalidPlan(f"tensor {swap.tensor!r} is resident ({tensor.kind.value})")
+        if swap.tensor in graph.outputs:
+            raise InvalidPlan(f"tensor {swap.tensor!r} is an output of the step")
+        missing = swap.rerouted - set(tensor.consumers)
+        if missing:
+            raise InvalidPlan(f"ops {sorted(missing)} do not read tensor {swap.tensor!r}")
+        return self.base.tid[swap.tensor]
+
+    def _add_swap_in(
+        self, t: int, produced: int, swap: Swap, k: int, trigger: str, consumers: tuple[str, ...]
+    ) -> int:
+        """Allocate a device copy at the trigger's step and reroute `consumers` to it."""
+        pos = self.base.order.position
+        if trigger not in pos:
+            raise InvalidPlan(f"swap-in trigger op {trigger!r} is not in the graph")
+        at = pos[trigger]
+        if at < produced:
+            raise InvalidPlan(
+                f"swap-in of {swap.tensor!r} is triggered by {trigger!r} (step {at}) before the "
+                f"tensor was produced and swapped out (step {produced})"
+            )
+        for c in consumers:
+            if pos[c] <= at:
+                raise InvalidPlan(
+                    f"op {c!r} (step {pos[c]}) reads {swap.tensor!r} while it is only on the "
+                    f"host: its swap-in is triggered by {trigger!r} at step {at}"
+                )
+        sid = len(self.names)
+        self.names.append(f"{swap.tensor}@in{k}")
+        self.alloc.append(self.alloc[t])
+        self.resident.append(False)
+        self.last.append(max(pos[c] for c in consumers))
+        self.steps[at] = [*self.steps[at], (sid, self.alloc[t], -1, ())]
+        self.swap_ins.add(sid)
+        for c in consumers:
+            self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
+        return at
+
+    def program(self) -> Program:
+        return dataclasses.replace(
+            self.base,
+            steps=self.steps,
+            last_use=self.last,
+            names=self.names,
+            alloc_bytes=self.alloc,
+            resident=self.resident,
+            host_out=self.host_out,
+            host_free=self.host_free,
+            swap_in_ids=frozenset(self.swap_ins),
+        )
+
+
+def _reroute(out: _Out, old: int, new: int) -> _Out:
+    """An output entry of a rerouted consumer that reads `new` wherever it read `old`."""
+    t, nbytes, fwd, cands = out
+    return (t, nbytes, new if fwd == old else fwd, tuple(new if c == old else c for c in cands))

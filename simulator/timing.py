@@ -1,0 +1,178 @@
+"""The time model: one compute stream and two copy streams (device→host, host→device).
+
+Ops run one after another in the schedule, each taking its cost. A swap-out is queued on the
+device→host stream when its producer ends; a swap-in is queued on the host→device stream when
+its trigger ends (and not before its swap-out finished); an op that reads a swapped-in copy waits
+for that copy to arrive, and the wait is a stall. Transfers overlap compute.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+
+from simulator.graph import Graph
+from simulator.order import Order
+from simulator.plan import SwapPlan
+
+__all__ = ["Link", "TimeResult", "Timeline", "Transfer", "simulate_time"]
+
+
+@dataclass(frozen=True)
+class Link:
+    """Host link bandwidth in bytes per second, per direction."""
+
+    d2h: float
+    h2d: float
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One copy on a copy stream: `direction` is 'd2h' (swap-out) or 'h2d' (swap-in)."""
+
+    tensor: str
+    direction: str
+    nbytes: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Per-step compute seconds in a schedule and their running sum: built once per graph."""
+
+    order: Order
+    cost: list[float]
+    base_end: list[float]
+
+    @classmethod
+    def build(cls, order: Order, cost: dict[str, float]) -> Timeline:
+        """`cost` gives each op's compute seconds (ops missing from it take none)."""
+        seconds = [cost.get(name, 0.0) for name in order.ops]
+        return cls(order, seconds, list(itertools.accumulate(seconds)))
+
+    @property
+    def baseline_seconds(self) -> float:
+        return self.base_end[-1] if self.base_end else 0.0
+
+
+@dataclass(frozen=True)
+class TimeResult:
+    """Predicted step time with its stalls and transfers; per-step times derive from them."""
+
+    timeline: Timeline
+    step_seconds: float
+    stalls: dict[int, float]
+    transfers: list[Transfer] = field(default_factory=list)
+    released: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def baseline_seconds(self) -> float:
+        return self.timeline.baseline_seconds
+
+    @property
+    def overhead(self) -> float:
+        """Step time with the plan divided by without it."""
+        base = self.baseline_seconds
+        return self.step_seconds / base if base else 1.0
+
+    @property
+    def stall_seconds(self) -> float:
+        return sum(self.stalls.values())
+
+    def end(self) -> list[float]:
+        """When each step's op ends, stalls included."""
+        shift, out = 0.0, []
+        for p, e in enumerate(self.timeline.base_end):
+            shift += self.stalls.get(p, 0.0)
+            out.append(e + shift)
+        return out
+
+    def start(self) -> list[float]:
+        """When each step's op starts, after any stall."""
+        return [e - c for e, c in zip(self.end(), self.timeline.cost)]
+
+
+def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) -> TimeResult:
+    """Walk only the steps where a swap happens; between them ops run back to back, so each
+    step's end is its stall-free end shifted by the stalls before it."""
+    outs, ins, waits = _swap_steps(graph, timeline.order, plan)
+    streams = _Streams(link)
+    cost, base_end = timeline.cost, timeline.base_end
+    shift, stalls = 0.0, {}
+    marks: list[tuple[int, float]] = [(-1, 0.0)]  # (step, shift from that step on)
+    for p in sorted({*outs, *ins, *waits}):
+        start = base_end[p] - cost[p] + shift
+        ready = max((streams.arrived[w] for w in waits.get(p, ())), default=start)
+        if ready > start:
+            stalls[p] = ready - start
+            shift += ready - start
+            marks.append((p, shift))
+        now = base_end[p] + shift
+        for tensor, nbytes in outs.get(p, ()):
+            streams.swap_out(tensor, nbytes, now)
+        for tensor, k, nbytes in ins.get(p, ()):
+            streams.swap_in(tensor, k, nbytes, now)
+    released = {t: _first_end_after(done, base_end, marks) for t, done in streams.out_done.items()}
+    total = timeline.baseline_seconds + shift
+    return TimeResult(timeline, total, stalls, streams.transfers, released)
+
+
+_Steps = tuple[
+    dict[int, list[tuple[str, int]]],
+    dict[int, list[tuple[str, int, int]]],
+    dict[int, list[tuple[str, int]]],
+]
+
+
+def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
+    """Per step: swap-outs after it, swap-ins triggered by it, swap-ins it waits for."""
+    pos = order.position
+    outs: dict[int, list[tuple[str, int]]] = {}
+    ins: dict[int, list[tuple[str, int, int]]] = {}
+    waits: dict[int, list[tuple[str, int]]] = {}
+    for swap in plan.swaps:
+        produced = pos[graph.tensors[swap.tensor].producer]
+        outs.setdefault(produced, []).append((swap.tensor, swap.nbytes))
+        for k, s in enumerate(swap.swap_ins):
+            ins.setdefault(pos[s.trigger], []).append((swap.tensor, k, swap.nbytes))
+            for c in s.consumers:
+                waits.setdefault(pos[c], []).append((swap.tensor, k))
+    return outs, ins, waits
+
+
+def _first_end_after(done: float, base_end: list[float], marks: list[tuple[int, float]]) -> int:
+    """The first step whose end (stalls included) is at or after `done`; len(steps) if none.
+
+    `marks` splits the steps into segments of constant shift; ends grow along the schedule, so
+    the first segment holding such a step holds the answer.
+    """
+    for i, (step, shift) in enumerate(marks):
+        lo = max(step, 0)
+        hi = marks[i + 1][0] if i + 1 < len(marks) else len(base_end)
+        q = bisect.bisect_left(base_end, done - shift, lo, hi)
+        if q < hi:
+            return q
+    return len(base_end)
+
+
+class _Streams:
+    """The two copy streams, each running its transfers one after another in queue order."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.d2h_free = self.h2d_free = 0.0
+        self.out_done: dict[str, float] = {}
+        self.arrived: dict[tuple[str, int], float] = {}
+        self.transfers: list[Transfer] = []
+
+    def swap_out(self, tensor: str, nbytes: int, at: float) -> None:
+        begin = max(at, self.d2h_free)
+        self.d2h_free = self.out_done[tensor] = begin + nbytes / self.link.d2h
+        self.transfers.append(Transfer(tensor, "d2h", nbytes, begin, self.d2h_free))
+
+    def swap_in(self, tensor: str, k: int, nbytes: int, at: float) -> None:
+        begin = max(at, self.h2d_free, self.out_done[tensor])
+        self.h2d_free = self.arrived[(tensor, k)] = begin + nbytes / self.link.h2d
+        self.transfers.append(Transfer(tensor, "h2d", nbytes, begin, self.h2d_free))

@@ -1,0 +1,158 @@
+import pytest
+
+from rewriter.plan import PlanContext, PlanParams, derive_plan
+from simulator import (
+    BFCModel,
+    InvalidPlan,
+    Link,
+    Swap,
+    SwapIn,
+    SwapPlan,
+    Timeline,
+    compile_program,
+    simulate_memory,
+    simulate_plan,
+)
+from tests.simulator.builders import training_chain, unet_skip
+
+
+def plan_for(g, **params):  # type: ignore[no-untyped-def]
+    return derive_plan(PlanContext.build(g), PlanParams(**params))
+
+
+def events(result):  # type: ignore[no-untyped-def]
+    return [
+        (e.kind.name, e.step, e.tensor, e.live_bytes, e.host_bytes) for e in result.memory.trace
+    ]
+
+
+def test_chain_event_sequence_with_the_default_plan() -> None:
+    g = training_chain()
+    plan = plan_for(g)
+    assert [(s.tensor, [(i.trigger, i.consumers) for i in s.swap_ins]) for s in plan.swaps] == [
+        ("f1:0", [("gradient_tape/b2", ("gradient_tape/b1",))]),
+        ("f2:0", [("gradient_tape/b3", ("gradient_tape/b2",))]),
+    ]
+    r = simulate_plan(compile_program(g), g, plan)
+    assert events(r) == [
+        ("ALLOC", 1, "f1:0", 2048, 0),
+        ("SWAP_OUT", 1, "f1:0", 2048, 1024),
+        ("ALLOC", 2, "f2:0", 3072, 1024),
+        ("SWAP_OUT", 2, "f2:0", 3072, 2048),
+        ("FREE", 2, "f1:0", 2048, 2048),
+        ("ALLOC", 3, "f3:0", 3072, 2048),
+        ("FREE", 3, "f2:0", 2048, 2048),
+        ("ALLOC", 4, "gradient_tape/b3:0", 3072, 2048),
+        ("SWAP_IN", 4, "f2:0@in0", 4096, 2048),
+        ("FREE", 4, "f3:0", 3072, 2048),
+        ("HOST_FREE", 4, "f2:0", 3072, 1024),
+        ("ALLOC", 5, "gradient_tape/b2:0", 4096, 1024),
+        ("SWAP_IN", 5, "f1:0@in0", 5120, 1024),
+        ("FREE", 5, "gradient_tape/b3:0", 4096, 1024),
+        ("FREE", 5, "f2:0@in0", 3072, 1024),
+        ("HOST_FREE", 5, "f1:0", 3072, 0),
+        ("ALLOC", 6, "gradient_tape/b1:0", 4096, 0),
+        ("FREE", 6, "gradient_tape/b2:0", 3072, 0),
+        ("FREE", 6, "f1:0@in0", 2048, 0),
+        ("FREE", 7, "gradient_tape/b1:0", 1024, 0),
+    ]
+    assert (r.peak_bytes, r.host_peak_bytes) == (5120, 2048)
+
+
+def test_swapping_a_long_lived_activation_lowers_the_peak() -> None:
+    g = training_chain((1 << 20, 1 << 20, 1 << 20))
+    base = simulate_memory(compile_program(g)).peak_bytes
+    r = simulate_plan(compile_program(g), g, plan_for(g, n_tensors=1))
+    assert r.peak_bytes < base
+    assert r.memory.live_peak_bytes == base - (1 << 20) + 1024
+
+
+def test_n_tensors_zero_reproduces_the_no_swap_simulation() -> None:
+    for g in (training_chain(), unet_skip()):
+        program = compile_program(g)
+        plan = plan_for(g, n_tensors=0)
+        assert plan.swaps == ()
+        assert (
+            simulate_plan(program, g, plan).memory.trace.rows == simulate_memory(program).trace.rows
+        )
+
+
+def test_unet_skip_swaps_the_skip_and_keeps_its_forward_reader() -> None:
+    g = unet_skip()
+    plan = plan_for(g, n_tensors=1)
+    (swap,) = plan.swaps
+    assert swap.tensor == "e1:0" and swap.rerouted == {"gradient_tape/e1_conv"}
+    r = simulate_plan(compile_program(g), g, plan)
+    free_e1 = next(e for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "e1:0")
+    assert free_e1.op == "cat"  # the forward concat still reads the device copy
+
+
+def test_groupby_fuses_swap_ins_of_close_readers() -> None:
+    g = unet_skip()
+    # e2 is read by d2 (forward) and gradient_tape/d2; e1 by one backward op: one swap-in each
+    assert all(len(s.swap_ins) == 1 for s in plan_for(g, groupby=10).swaps)
+
+
+def test_plan_reading_a_tensor_on_the_host_is_rejected() -> None:
+    g = training_chain()
+    bad = SwapPlan((Swap("f1:0", 1024, (SwapIn("gradient_tape/b1", ("gradient_tape/b1",)),)),))
+    with pytest.raises(InvalidPlan, match="only on the host"):
+        simulate_plan(compile_program(g), g, bad)
+
+
+def test_swap_in_before_the_swap_out_is_rejected() -> None:
+    g = training_chain()
+    bad = SwapPlan((Swap("f2:0", 1024, (SwapIn("f1", ("gradient_tape/b2",)),)),))
+    with pytest.raises(InvalidPlan, match="before the tensor was produced"):
+        simulate_plan(compile_program(g), g, bad)
+
+
+@pytest.mark.parametrize(
+    "swap,needle",
+    [
+        (Swap("nope:0", 4, ()), "not in the graph"),
+        (Swap("x:0", 4, ()), "resident"),
+        (Swap("f1:0", 4, (SwapIn("nope", ("gradient_tape/b1",)),)), "trigger op 'nope'"),
+        (Swap("f1:0", 4, (SwapIn("f2", ("gradient_tape/b3",)),)), "do not read"),
+    ],
+)
+def test_plans_naming_missing_things_are_rejected(swap: Swap, needle: str) -> None:
+    g = training_chain()
+    with pytest.raises(InvalidPlan, match=needle):
+        simulate_plan(compile_program(g), g, SwapPlan((swap,)))
+
+
+def test_late_swap_in_stalls_its_reader_by_the_transfer_time() -> None:
+    g = training_chain()
+    timeline = Timeline.build(compile_program(g).order, {n: 1.0 for n in g.ops})
+    link = Link(d2h=1024.0, h2d=256.0)  # 1 s out, 4 s back for 1 KiB
+    r = simulate_plan(compile_program(g), g, plan_for(g), timeline=timeline, link=link)
+    assert r.time is not None
+    # f2's swap-in starts when b3 ends (t=5) and takes 4 s; b2 would start at t=5 -> stalls 4 s
+    assert r.time.stalls[5] == pytest.approx(4.0)
+    # f1's swap-in is triggered by b2 (ends t=10), arrives t=14; b1 would start at 10 -> 4 s
+    assert r.time.stalls[6] == pytest.approx(4.0)
+    assert r.time.baseline_seconds == pytest.approx(7.0)
+    assert r.time.step_seconds == pytest.approx(15.0)
+    assert r.time.overhead == pytest.approx(15 / 7)
+
+
+def test_slow_swap_out_keeps_the_device_copy_until_it_is_done() -> None:
+    g = training_chain()
+    timeline = Timeline.build(compile_program(g).order, {n: 1.0 for n in g.ops})
+    fast = simulate_plan(compile_program(g), g, plan_for(g), timeline=timeline, link=Link(1e9, 1e9))
+    slow = simulate_plan(
+        compile_program(g), g, plan_for(g), timeline=timeline, link=Link(1024 / 3.5, 1e9)
+    )
+    fast_free, slow_free = (
+        next(e.step for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "f1:0")
+        for r in (fast, slow)
+    )
+    assert fast_free == 2
+    assert slow_free == 5  # f1 leaves at t=2, its copy ends at t=5.5: during step 5
+
+
+def test_allocator_peak_applies_to_plans() -> None:
+    g = training_chain((3 << 19, 1024, 1024))
+    r = simulate_plan(compile_program(g), g, plan_for(g), allocator=BFCModel())
+    assert r.peak_bytes >= r.memory.live_peak_bytes

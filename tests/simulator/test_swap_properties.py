@@ -1,0 +1,86 @@
+"""Property tests: random training-like graphs, random swap parameters."""
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rewriter.plan import PlanContext, PlanParams, check_plan, derive_plan
+from simulator import EventKind, Graph, Link, TensorKind, Timeline, compile_program, simulate_plan
+from tests.simulator.builders import add
+
+
+@st.composite
+def training_graphs(draw: st.DrawFn) -> Graph:
+    g = Graph("random_training")
+    fwd = add(g, "x", [], draw(st.integers(0, 4096)), type="Placeholder", kind=TensorKind.INPUT)
+    for i in range(draw(st.integers(1, 12))):
+        ins = draw(st.lists(st.sampled_from(fwd), min_size=1, max_size=2, unique=True))
+        fwd += add(
+            g,
+            f"f{i}",
+            ins,
+            draw(st.integers(1, 1 << 16)),
+            inplace=(0,) if draw(st.booleans()) else (),
+        )
+    grad = add(g, "gradient_tape/seed", [fwd[-1]], 256)
+    for i in range(draw(st.integers(1, 12))):
+        reads = draw(st.lists(st.sampled_from(fwd), min_size=1, max_size=2, unique=True))
+        kind = draw(st.sampled_from(["Op", "Op", "Shape"]))
+        out = add(g, f"gradient_tape/b{i}", grad + reads, draw(st.integers(1, 1 << 16)), type=kind)
+        if kind != "Shape":
+            grad = out
+    g.mark_outputs(grad)
+    return g
+
+
+params = st.builds(
+    lambda n, lb, span, thr, grp, trig: PlanParams(n, lb, lb + span, thr, grp, trig),
+    st.integers(-1, 6),
+    st.integers(1, 4),
+    st.integers(0, 6),
+    st.integers(1, 3),
+    st.integers(0, 3),
+    st.sampled_from(["direct_order", "chain_rule"]),
+)
+
+
+def _check_trace(result) -> None:  # type: ignore[no-untyped-def]
+    rows = result.memory.trace.rows
+    assert all(live >= 0 and host >= 0 for _, _, _, _, live, host in rows)
+    if rows:
+        assert rows[-1][4] == result.memory.persistent_bytes and rows[-1][5] == 0
+    allocs = Counter(t for k, _, t, *_ in rows if k in (EventKind.ALLOC, EventKind.SWAP_IN))
+    frees = Counter(t for k, _, t, *_ in rows if k == EventKind.FREE)
+    assert allocs == frees and set(allocs.values()) <= {1}
+    outs = Counter(t for k, _, t, *_ in rows if k == EventKind.SWAP_OUT)
+    back = Counter(t for k, _, t, *_ in rows if k == EventKind.HOST_FREE)
+    assert outs == back
+
+
+@settings(max_examples=200, deadline=None)
+@given(training_graphs(), params)
+def test_random_plans_are_valid_and_balance(g: Graph, p: PlanParams) -> None:
+    ctx = PlanContext.build(g)
+    plan = derive_plan(ctx, p)
+    check_plan(g, ctx.order, plan)  # no cycle, no shape-only op involved
+    pos = ctx.order.position
+    for swap in plan.swaps:
+        for s in swap.swap_ins:
+            assert all(pos[c] > pos[s.trigger] for c in s.consumers)
+            assert g.ops[s.trigger].type != "Shape"
+            assert all(g.ops[c].type != "Shape" for c in s.consumers)
+    _check_trace(simulate_plan(compile_program(g, ctx.order), g, plan))
+
+
+@settings(max_examples=100, deadline=None)
+@given(training_graphs(), params, st.floats(1e2, 1e6), st.floats(1e-4, 1e-2))
+def test_random_plans_with_time_model(g: Graph, p: PlanParams, bw: float, sec: float) -> None:
+    ctx = PlanContext.build(g)
+    plan = derive_plan(ctx, p)
+    timeline = Timeline.build(ctx.order, {n: sec for n in g.ops})
+    r = simulate_plan(compile_program(g, ctx.order), g, plan, timeline=timeline, link=Link(bw, bw))
+    _check_trace(r)
+    assert r.time is not None and r.time.step_seconds >= r.time.baseline_seconds
+    ends = r.time.end()
+    assert all(b >= a for a, b in zip(ends, ends[1:]))
