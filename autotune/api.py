@@ -3,27 +3,45 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
+from autotune.engine import Engine, Evaluation
 from rewriter.capture import Captured, CaptureError, capture_function
 from rewriter.keras_step import input_specs, is_keras_model, training_step
-from simulator import Graph, SimResult, Trace, scheduled_order
-from simulator import simulate as simulate_graph
+from rewriter.plan import PlanParams
+from simulator import DevicePreset, Graph, SimResult, SwapPlan, Trace, get_preset, scheduled_order
+
+if TYPE_CHECKING:
+    from autotune.profile import Profile
 
 __all__ = ["Simulation", "capture", "simulate"]
 
 
+PLAN_OPTIONS = frozenset(f.name for f in fields(PlanParams))
+
+
 @dataclass(frozen=True)
 class Simulation:
-    """A simulated step: predicted peak, resident bytes, where the peak is, and the trace."""
+    """A simulated step: device and host peaks, step time, where the peak is, and the trace."""
 
     graph: Graph
-    result: SimResult
+    evaluation: Evaluation
+    baseline: Evaluation
+    lower_bound_bytes: int
     simulate_seconds: float
     trace_seconds: float
     schedule: str = "categorized"
+    device: str | None = None
     profiled_peak_bytes: int | None = None
+
+    @property
+    def result(self) -> SimResult:
+        return self.evaluation.result.memory
+
+    @property
+    def plan(self) -> SwapPlan:
+        return self.evaluation.plan
 
     @property
     def peak_bytes(self) -> int:
@@ -34,8 +52,28 @@ class Simulation:
         return self.result.persistent_bytes
 
     @property
+    def host_peak_bytes(self) -> int:
+        return self.result.host_peak_bytes
+
+    @property
     def trace(self) -> Trace:
         return self.result.trace
+
+    @property
+    def step_seconds(self) -> float | None:
+        return self.evaluation.step_seconds
+
+    @property
+    def baseline_step_seconds(self) -> float | None:
+        return self.baseline.step_seconds
+
+    @property
+    def overhead(self) -> float | None:
+        return self.evaluation.overhead
+
+    @property
+    def swapped_tensors(self) -> int:
+        return len(self.plan.swaps)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields of `autotune simulate --json`."""
@@ -46,12 +84,22 @@ class Simulation:
             "persistent_bytes": r.persistent_bytes,
             "peak_bytes": r.peak_bytes,
             "live_peak_bytes": r.live_peak_bytes,
+            "host_peak_bytes": r.host_peak_bytes,
+            "baseline_peak_bytes": self.baseline.peak_bytes,
+            "lower_bound_bytes": self.lower_bound_bytes,
+            "step_seconds": self.step_seconds,
+            "baseline_step_seconds": self.baseline_step_seconds,
+            "overhead": self.overhead,
+            "swapped_tensors": self.swapped_tensors,
+            "swapped_bytes": self.plan.swapped_bytes,
+            "params": self.evaluation.params.to_dict(),
             "peak_op": r.peak_op,
             "peak_level": r.peak_level,
             "peak_step": r.peak_step,
             "simulate_seconds": self.simulate_seconds,
             "trace_seconds": self.trace_seconds,
             "schedule": self.schedule,
+            "device": self.device,
             "profiled_peak_bytes": self.profiled_peak_bytes,
         }
 
@@ -79,33 +127,95 @@ def capture(
 
 
 SCHEDULES = ("categorized", "recorded")
+COSTS = ("analytical", "measured")
 
 
 def simulate(
-    step: Any, *example_args: Any, schedule: str = "categorized", **options: Any
+    step: Any,
+    *example_args: Any,
+    schedule: str = "categorized",
+    device: str | DevicePreset | None = None,
+    costs: str = "analytical",
+    **options: Any,
 ) -> Simulation:
-    """Capture `step` (see `capture`) and simulate one training step's device memory.
+    """Capture `step` (see `capture`) and simulate one training step, with a swap plan when
+    plan options (`n_tensors=`, `lb=`, `ub=`, `threshold=`, `groupby=`, `trigger=`, ...) are
+    given, on a device preset (`device=`) for the time model.
 
     `schedule="categorized"` walks the paper's categorized order and needs no device;
     `schedule="recorded"` first runs the step once on the current device under the profiler and
-    walks the order TensorFlow executed (closer to the real peak, see results/).
+    walks the order TensorFlow executed (closer to the real peak, see results/; no plan then).
+    `costs` are per-op times: Grappler's analytical estimates for the preset, or those measured
+    in a profiled step on the current device.
     """
+    plan_kw = {k: options.pop(k) for k in list(options) if k in PLAN_OPTIONS}
     captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
-    return simulate_captured(captured, schedule=schedule)
+    params = PlanParams(**plan_kw) if plan_kw else None
+    return simulate_captured(captured, schedule=schedule, device=device, params=params, costs=costs)
 
 
-def simulate_captured(captured: Captured, *, schedule: str = "categorized") -> Simulation:
-    """Simulate an already captured step in the categorized or the recorded order."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    order, profiled = None, None
-    if schedule == "recorded":
+def simulate_captured(
+    captured: Captured,
+    *,
+    schedule: str = "categorized",
+    device: str | DevicePreset | None = None,
+    params: PlanParams | None = None,
+    costs: str = "analytical",
+) -> Simulation:
+    """Simulate an already captured step: see `simulate`."""
+    _check_choice("schedule", schedule, SCHEDULES)
+    _check_choice("costs", costs, COSTS)
+    preset = get_preset(device) if isinstance(device, str) else device
+    if schedule == "recorded" and params is not None and params.n_tensors != 0:
+        raise ValueError(
+            "a recorded schedule simulates the step as it ran, without swaps; "
+            "simulate plans in the categorized order"
+        )
+    profile = None
+    if schedule == "recorded" or (preset is not None and costs == "measured"):
         from autotune.profile import record_profile
 
         profile = record_profile(captured)
-        order = scheduled_order(captured.graph, profile.priorities())
-        profiled = profile.peak_bytes
+    engine = build_engine(
+        captured, preset, costs, profile if schedule == "recorded" else None, profile
+    )
     start = time.perf_counter()
-    result = simulate_graph(captured.graph, order)
+    evaluation = engine.evaluate(params or PlanParams(n_tensors=0))
     seconds = time.perf_counter() - start
-    return Simulation(captured.graph, result, seconds, captured.trace_seconds, schedule, profiled)
+    baseline = evaluation if params is None else engine.evaluate(PlanParams(n_tensors=0))
+    return Simulation(
+        captured.graph,
+        evaluation,
+        baseline,
+        engine.lower_bound,
+        seconds,
+        captured.trace_seconds,
+        schedule,
+        preset.name if preset else None,
+        profile.peak_bytes if profile and schedule == "recorded" else None,
+    )
+
+
+def build_engine(
+    captured: Captured,
+    preset: DevicePreset | None,
+    costs: str = "analytical",
+    recorded: Profile | None = None,
+    profile: Profile | None = None,
+) -> Engine:
+    """The engine of a captured step: its order (recorded if given), costs for the preset."""
+    order = scheduled_order(captured.graph, recorded.priorities()) if recorded else None
+    cost = None
+    if preset is not None:
+        if costs == "measured" and profile is not None:
+            cost = dict(profile.seconds)
+        else:
+            from rewriter.costs import grappler_costs
+
+            cost, _ = grappler_costs(captured.concrete_function, preset)
+    return Engine.build(captured.graph, order=order, device=preset, cost=cost)
+
+
+def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")

@@ -9,7 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from autotune.api import SCHEDULES
+from autotune.api import COSTS, SCHEDULES
+from autotune.cli_options import add_device_args, add_plan_args, device_preset, plan_params
 from autotune.units import format_bytes
 
 __all__ = ["main"]
@@ -66,22 +67,44 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     """Capture a zoo model's training step and predict its peak device memory."""
     from autotune.api import simulate_captured
 
-    sim = simulate_captured(_capture_zoo(args), schedule=args.schedule)
+    params, preset = plan_params(args), device_preset(args)
+    captured = _capture_zoo(args)
+    sim = simulate_captured(
+        captured, schedule=args.schedule, device=preset, params=params, costs=args.costs
+    )
     out = {"model": args.model, "batch_size": args.batch_size, **sim.to_dict()}
     if args.json:
         print(json.dumps(out))
         return 0
+    _print_simulation(args, sim, preset)
+    return 0
+
+
+def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     r = sim.result
-    print(f"model        {args.model}, batch {args.batch_size}")
-    print(f"ops          {out['ops']} in {out['levels']} levels")
+    where = preset.name if preset else "CPU allocator model"
+    print(f"model        {args.model}, batch {args.batch_size}, on {where}")
+    print(f"ops          {len(sim.graph.ops)} in {r.order.n_levels} levels")
     print(f"persistent   {_sized(r.persistent_bytes)}  (weights, optimizer slots, input batch)")
     print(f"peak         {_sized(r.peak_bytes)}  (BFC allocator model)")
+    if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0:
+        print(f"  no swap    {_sized(sim.baseline.peak_bytes)}")
+        print(f"  swapped    {sim.swapped_tensors} tensors, {_sized(sim.plan.swapped_bytes)}")
+        print(f"peak host    {_sized(r.host_peak_bytes)}")
+    print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
     print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
     print(f"peak at      level {r.peak_level}, op {r.peak_op}  ({sim.schedule} order)")
+    if sim.step_seconds is not None:
+        print(
+            f"step time    {sim.step_seconds * 1e3:.2f} ms  (no swap "
+            f"{sim.baseline_step_seconds * 1e3:.2f} ms, overhead {sim.overhead:.3f}x)"
+        )
+    if preset is not None:
+        fits = "fits" if r.peak_bytes <= preset.memory_bytes else "does NOT fit"
+        print(f"device       {fits} in {_sized(preset.memory_bytes)}")
     print(f"simulation   {sim.simulate_seconds * 1e3:.1f} ms (tracing {sim.trace_seconds:.1f} s)")
     if sim.profiled_peak_bytes:
         print(f"profiled     {_sized(sim.profiled_peak_bytes)}  (measured in the recorded step)")
-    return 0
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
@@ -125,6 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "measure":
             p.add_argument("--repeats", type=_positive_int, default=3, help="measured steps")
         if name == "simulate":
+            add_plan_args(p)
+            add_device_args(p)
+            p.add_argument(
+                "--costs",
+                choices=COSTS,
+                default="analytical",
+                help="per-op times: Grappler's estimate for the preset, or measured here",
+            )
             p.add_argument(
                 "--schedule",
                 choices=SCHEDULES,

@@ -1,0 +1,106 @@
+"""Command-line options shared by the subcommands: swap parameters and the device."""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.units import parse_size
+from rewriter.plan import TRIGGER_STRATEGIES, PlanParams
+from simulator import PRESETS, DevicePreset, get_preset
+
+__all__ = ["add_device_args", "add_plan_args", "device_preset", "plan_params", "size_arg"]
+
+_PLAN_FLAGS = (
+    "n_tensors",
+    "lb",
+    "ub",
+    "threshold",
+    "groupby",
+    "trigger",
+    "include_types",
+    "exclude_types",
+    "include_scopes",
+    "exclude_scopes",
+)
+
+
+def size_arg(text: str) -> int:
+    """A size such as 16GiB, 512MiB or a plain number of bytes, for argparse."""
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _int_at_least(low: int):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    """The paper's swap parameters; giving any of them turns swapping on."""
+    g = p.add_argument_group(
+        "swap plan (defaults: the original tool's n_tensors=-1, lb=1, ub=10000)"
+    )
+    g.add_argument("--n-tensors", type=_int_at_least(-1), help="tensors to swap: -1 all, 0 none")
+    g.add_argument("--lb", type=_int_at_least(1), help="swap in at least this many levels early")
+    g.add_argument("--ub", type=_int_at_least(1), help="swap in at most this many levels early")
+    g.add_argument(
+        "--threshold",
+        type=_int_at_least(1),
+        help="swap only tensors read at least this many levels after they are made",
+    )
+    g.add_argument(
+        "--groupby",
+        type=_int_at_least(0),
+        help="fuse swap-ins of one tensor whose readers lie within this many levels",
+    )
+    g.add_argument("--trigger", choices=TRIGGER_STRATEGIES, help="how to find swap-in triggers")
+    for what in ("include", "exclude"):
+        g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")
+        g.add_argument(
+            f"--{what}-scopes",
+            type=_names,
+            help=f"{what} producers under these name scopes (comma separated)",
+        )
+
+
+def plan_params(args: argparse.Namespace) -> PlanParams | None:
+    """The parameters given on the command line, or None when no swap flag was given."""
+    given = {k: getattr(args, k) for k in _PLAN_FLAGS if getattr(args, k, None) is not None}
+    return PlanParams(**given) if given else None
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """A device preset, optionally with memory and link bandwidth given by hand."""
+    g = p.add_argument_group("device")
+    g.add_argument("--device", choices=sorted(PRESETS), help="GPU preset for the time model")
+    g.add_argument("--gpu-memory", type=size_arg, help="device memory, e.g. 16GiB (overrides)")
+    g.add_argument(
+        "--link-bandwidth",
+        type=size_arg,
+        help="host link bytes per second each way, e.g. 12GB (overrides)",
+    )
+
+
+def device_preset(args: argparse.Namespace) -> DevicePreset | None:
+    """The preset named on the command line with any overrides; None when none was named."""
+    if args.device is None:
+        if args.gpu_memory is not None or args.link_bandwidth is not None:
+            raise ValueError("--gpu-memory and --link-bandwidth refine a --device preset; name one")
+        return None
+    return get_preset(args.device).with_overrides(
+        memory_bytes=args.gpu_memory, link_bytes_per_s=args.link_bandwidth
+    )
