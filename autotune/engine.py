@@ -25,6 +25,7 @@ from simulator import (
     lower_bound_bytes,
     simulate_plan,
 )
+from simulator.memory import paused_gc
 
 __all__ = ["Engine", "Evaluation"]
 

@@ -34,7 +34,7 @@ def grappler_costs(cf: Any, preset: DevicePreset) -> tuple[dict[str, float], flo
         vendor="NVIDIA",
         frequency=preset.clock_mhz,
         num_cores=preset.sm_count,
-        memory_size=preset.memory_bytes,
+        memory_size=1 << 50,  # costs do not depend on it; the real limit would refuse big graphs
         bandwidth=int(preset.memory_bandwidth_bytes_per_s / 1000),  # KB/s, as Grappler wants
         environment={"architecture": "7", "cuda": "11000", "cudnn": "8000"},
     )

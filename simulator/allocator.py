@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from simulator.memory import paused_gc
 from simulator.trace import EventKind, Trace
 
 __all__ = ["BFCModel", "OutOfMemory", "replay_peak"]
@@ -140,7 +141,11 @@ def replay_peak(
     With `warmup`, the step is replayed once before the measured one, as a measurement does, so
     the measured step starts from the free chunks the warm-up left behind.
     """
-    model = model or BFCModel()
+    with paused_gc():
+        return _replay_peak(trace, resident, model or BFCModel(), warmup)
+
+
+def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: bool) -> int:
     for nbytes in resident:
         model.allocate(nbytes)
     for _ in range(2 if warmup else 1):

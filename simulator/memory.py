@@ -8,13 +8,23 @@ input's buffer, and an element-wise op may take over an input buffer that dies a
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from simulator.graph import Graph
 from simulator.order import Order, categorized_order
 from simulator.trace import EventKind, Trace
 
-__all__ = ["ALLOCATOR_GRANULARITY", "Program", "SimResult", "compile_program", "simulate_memory"]
+__all__ = [
+    "ALLOCATOR_GRANULARITY",
+    "Program",
+    "SimResult",
+    "compile_program",
+    "paused_gc",
+    "simulate_memory",
+]
 
 #: TensorFlow's BFC allocator rounds every allocation up to a multiple of 256 bytes
 #: (kMinAllocationSize in tensorflow/core/common_runtime/bfc_allocator.h).
@@ -97,6 +107,7 @@ def compile_program(
     resident = [t.kind.resident for t in tensors]
     alloc = [_round_up(t.nbytes, granularity) for t in tensors]
     last = _last_uses(graph, order, tid)
+    fixed = list(resident)
     steps: list[list[_Out]] = []
     for p, op_name in enumerate(order.ops):
         op = graph.ops[op_name]
@@ -105,6 +116,10 @@ def compile_program(
         for j, out in enumerate(op.outputs):
             fwd = ins[op.forwards[j]] if j in op.forwards else -1
             cands = tuple(ins[i] for i in op.inplace) if j == 0 else ()
+            if fwd >= 0 and fixed[fwd]:
+                fixed[tid[out]] = True  # an alias of a buffer held across the step
+            if fixed[tid[out]] or (fwd < 0 and not alloc[tid[out]]):
+                continue  # resident, an alias of resident, or no bytes: nothing to walk
             outs.append((tid[out], alloc[tid[out]], fwd, cands))
         if op.scratch:
             # the kernel's temporary memory: a buffer that dies at the step that made it
@@ -129,6 +144,8 @@ class _Walk:
         self.alive = [False] * len(program.last_use)
         self.frees: dict[int, list[int]] = {}
         self.trace = Trace(program.order.ops, program.levels, program.names)
+        self.record = self.trace.rows.append
+        self.swap_in_ids = program.swap_in_ids
         self.live = self.peak = program.persistent_bytes
         self.peak_step = 0
         self.host = self.host_peak = 0
@@ -136,28 +153,30 @@ class _Walk:
     def run_op(self, p: int, outs: list[_Out]) -> None:
         """Give each output of the op at step `p` a buffer: forwarded, reused or new."""
         last, buf, buf_last = self.program.last_use, self.buf, self.buf_last
+        frees = self.frees
         for t, nbytes, fwd, cands in outs:
             b = fwd if fwd >= 0 else (self._reuse(cands, nbytes, p) if cands else -1)
             if b >= 0:
                 b = buf[t] = buf[b]
                 if last[t] > buf_last[b]:
                     buf_last[b] = last[t]
-                    self.frees.setdefault(last[t], []).append(b)
-            elif nbytes and not self.program.resident[t]:
-                self.alive[t] = True
-                self.frees.setdefault(last[t], []).append(t)
-                self.live += nbytes
-                kind = _SWAP_IN if t in self.program.swap_in_ids else _ALLOC
-                self.trace.record(kind, p, t, nbytes, self.live, self.host)
-                if self.live > self.peak:
-                    self.peak, self.peak_step = self.live, p
+                    frees.setdefault(last[t], []).append(b)
+                continue
+            # compile_program keeps only outputs that need new device memory here
+            self.alive[t] = True
+            frees.setdefault(last[t], []).append(t)
+            live = self.live = self.live + nbytes
+            kind = _SWAP_IN if t in self.swap_in_ids else _ALLOC
+            self.record((kind, p, t, nbytes, live, self.host))
+            if live > self.peak:
+                self.peak, self.peak_step = live, p
 
     def host_events(self, p: int, events: list[tuple[int, int]], kind: int, sign: int) -> None:
         """Copies to the host (sign +1) or their release (sign -1) at step `p`."""
         for t, nbytes in events:
             self.host += sign * nbytes
             self.host_peak = max(self.host_peak, self.host)
-            self.trace.record(kind, p, t, nbytes, self.live, self.host)
+            self.record((kind, p, t, nbytes, self.live, self.host))
 
     def free_dead(self, p: int) -> None:
         """Free every buffer whose last use is step `p`."""
@@ -166,7 +185,7 @@ class _Walk:
             if alive[b] and buf_last[b] == p:
                 alive[b] = False
                 self.live -= sizes[b]
-                self.trace.record(_FREE, p, b, sizes[b], self.live, self.host)
+                self.record((_FREE, p, b, sizes[b], self.live, self.host))
 
     def _reuse(self, cands: tuple[int, ...], nbytes: int, p: int) -> int:
         """An input whose live buffer dies at step `p` and has the output's exact size, else -1."""
@@ -177,19 +196,38 @@ class _Walk:
         return -1
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the hot loops allocate many small tuples, and in a
+    process holding TensorFlow's millions of objects each collection they trigger is slow."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def simulate_memory(program: Program) -> SimResult:
     """Run the interpreter over the compiled schedule and return the peak and the trace."""
+    with paused_gc():
+        return _simulate_memory(program)
+
+
+def _simulate_memory(program: Program) -> SimResult:
     walk = _Walk(program)
     host_out, host_free, frees = program.host_out, program.host_free, walk.frees
+    run_op, free_dead, host_events = walk.run_op, walk.free_dead, walk.host_events
     for p, outs in enumerate(program.steps):
         if outs:
-            walk.run_op(p, outs)
+            run_op(p, outs)
         if p in host_out:
-            walk.host_events(p, host_out[p], _SWAP_OUT, 1)
+            host_events(p, host_out[p], _SWAP_OUT, 1)
         if p in frees:
-            walk.free_dead(p)
+            free_dead(p)
         if p in host_free:
-            walk.host_events(p, host_free[p], _HOST_FREE, -1)
+            host_events(p, host_free[p], _HOST_FREE, -1)
     walk.free_dead(len(program.steps))
     order, sizes = program.order, program.alloc_bytes
     residents = tuple(a for a, r in zip(sizes, program.resident) if r and a)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from simulator.allocator import BFCModel, replay_peak
 from simulator.graph import Graph
-from simulator.memory import Program, SimResult, simulate_memory
+from simulator.memory import Program, SimResult, paused_gc, simulate_memory
 from simulator.plan import SwapPlan
 from simulator.swap import apply_plan
 from simulator.timing import Link, Timeline, TimeResult, simulate_time
@@ -45,6 +45,18 @@ def simulate_plan(
     schedule) and a `link`, the time model decides when
     each swapped-out device copy may be freed; without, copies are taken to be instant. With an
     `allocator`, the reported peak is the one it reaches replaying the trace."""
+    with paused_gc():
+        return _simulate_plan(program, graph, plan, timeline, link, allocator)
+
+
+def _simulate_plan(
+    program: Program,
+    graph: Graph,
+    plan: SwapPlan,
+    timeline: Timeline | None,
+    link: Link | None,
+    allocator: BFCModel | None,
+) -> PlanResult:
     timing = None
     if timeline is not None and link is not None:
         timing = simulate_time(graph, timeline, plan, link)

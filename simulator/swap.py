@@ -48,10 +48,10 @@ class _Lowering:
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
-        t = self._tensor_id(graph, swap)
+        rerouted = swap.rerouted
+        t = self._tensor_id(graph, swap, rerouted)
         tensor = graph.tensors[swap.tensor]
         produced = pos[tensor.producer]
-        rerouted = swap.rerouted
         kept = [pos[c] for c in tensor.consumers if c not in rerouted]
         self.last[t] = max([produced, released, *kept])
         self.host_out.setdefault(produced, []).append((t, self.alloc[t]))
@@ -61,7 +61,7 @@ class _Lowering:
             done = max(done, at)
         self.host_free.setdefault(done, []).append((t, self.alloc[t]))
 
-    def _tensor_id(self, graph: Graph, swap: Swap) -> int:
+    def _tensor_id(self, graph: Graph, swap: Swap, rerouted: frozenset[str]) -> int:
         tensor = graph.tensors.get(swap.tensor)
         if tensor is None or swap.tensor not in self.base.tid:
             raise InvalidPlan(f"plan swaps tensor {swap.tensor!r}, which is not in the graph")
@@ -69,7 +69,7 @@ class _Lowering:
             raise InvalidPlan(f"tensor {swap.tensor!r} is resident ({tensor.kind.value})")
         if swap.tensor in graph.outputs:
             raise InvalidPlan(f"tensor {swap.tensor!r} is an output of the step")
-        missing = swap.rerouted - set(tensor.consumers)
+        missing = rerouted.difference(tensor.consumers)
         if missing:
             raise InvalidPlan(f"ops {sorted(missing)} do not read tensor {swap.tensor!r}")
         return self.base.tid[swap.tensor]

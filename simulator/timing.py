@@ -64,8 +64,13 @@ class TimeResult:
     timeline: Timeline
     step_seconds: float
     stalls: dict[int, float]
-    transfers: list[Transfer] = field(default_factory=list)
+    transfer_rows: list[tuple[str, str, int, float, float]] = field(default_factory=list)
     released: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def transfers(self) -> list[Transfer]:
+        """Every copy on the two streams, in the order it was queued."""
+        return [Transfer(*row) for row in self.transfer_rows]
 
     @property
     def baseline_seconds(self) -> float:
@@ -114,7 +119,10 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
             streams.swap_out(tensor, nbytes, now)
         for tensor, k, nbytes in ins.get(p, ()):
             streams.swap_in(tensor, k, nbytes, now)
-    released = {t: _first_end_after(done, base_end, marks) for t, done in streams.out_done.items()}
+    firsts = [base_end[max(step, 0)] + shift for step, shift in marks] if base_end else []
+    released = {
+        t: _first_end_after(done, base_end, marks, firsts) for t, done in streams.out_done.items()
+    }
     total = timeline.baseline_seconds + shift
     return TimeResult(timeline, total, stalls, streams.transfers, released)
 
@@ -142,19 +150,19 @@ def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
     return outs, ins, waits
 
 
-def _first_end_after(done: float, base_end: list[float], marks: list[tuple[int, float]]) -> int:
+def _first_end_after(
+    done: float, base_end: list[float], marks: list[tuple[int, float]], firsts: list[float]
+) -> int:
     """The first step whose end (stalls included) is at or after `done`; len(steps) if none.
 
-    `marks` splits the steps into segments of constant shift; ends grow along the schedule, so
-    the first segment holding such a step holds the answer.
+    `marks` splits the steps into segments of constant shift and `firsts` holds each segment's
+    first end; ends grow along the schedule, so bisecting `firsts` finds the segment.
     """
-    for i, (step, shift) in enumerate(marks):
-        lo = max(step, 0)
-        hi = marks[i + 1][0] if i + 1 < len(marks) else len(base_end)
-        q = bisect.bisect_left(base_end, done - shift, lo, hi)
-        if q < hi:
-            return q
-    return len(base_end)
+    i = max(bisect.bisect_right(firsts, done) - 1, 0)
+    step, shift = marks[i]
+    hi = marks[i + 1][0] if i + 1 < len(marks) else len(base_end)
+    q = bisect.bisect_left(base_end, done - shift, max(step, 0), hi)
+    return q if q < hi else hi
 
 
 class _Streams:
@@ -165,14 +173,14 @@ class _Streams:
         self.d2h_free = self.h2d_free = 0.0
         self.out_done: dict[str, float] = {}
         self.arrived: dict[tuple[str, int], float] = {}
-        self.transfers: list[Transfer] = []
+        self.transfers: list[tuple[str, str, int, float, float]] = []
 
     def swap_out(self, tensor: str, nbytes: int, at: float) -> None:
         begin = max(at, self.d2h_free)
         self.d2h_free = self.out_done[tensor] = begin + nbytes / self.link.d2h
-        self.transfers.append(Transfer(tensor, "d2h", nbytes, begin, self.d2h_free))
+        self.transfers.append((tensor, "d2h", nbytes, begin, self.d2h_free))
 
     def swap_in(self, tensor: str, k: int, nbytes: int, at: float) -> None:
         begin = max(at, self.h2d_free, self.out_done[tensor])
         self.h2d_free = self.arrived[(tensor, k)] = begin + nbytes / self.link.h2d
-        self.transfers.append(Transfer(tensor, "h2d", nbytes, begin, self.h2d_free))
+        self.transfers.append((tensor, "h2d", nbytes, begin, self.h2d_free))

@@ -52,12 +52,11 @@ class Trace:
     def record(
         self, kind: int, step: int, tensor: int, nbytes: int, live: int, host: int = 0
     ) -> None:
-        """Append one event (the interpreter's only way to write the trace)."""
+        """Append one event (the interpreter appends the same tuples to `rows` directly)."""
         self.rows.append((kind, step, tensor, nbytes, live, host))
-        self._columns = None
 
     def _column(self, i: int) -> tuple[int, ...]:
-        if self._columns is None:
+        if self._columns is None or len(self._columns[0]) != len(self.rows):
             self._columns = list(zip(*self.rows)) if self.rows else [()] * 6
         return self._columns[i]
 
