@@ -87,14 +87,15 @@ class Engine:
     def evaluate(self, params: PlanParams, *, allocator: bool = True) -> Evaluation:
         """Derive the plan for `params` and simulate it (time model on if costs were given)."""
         start = time.perf_counter()
-        plan = derive_plan(self.context, params)
         link = self.device.link if self.device else None
-        result = simulate_plan(
-            self.program,
-            self.graph,
-            plan,
-            timeline=self.timeline,
-            link=link,
-            allocator=self.allocator() if allocator else None,
-        )
+        with paused_gc():
+            plan = derive_plan(self.context, params)
+            result = simulate_plan(
+                self.program,
+                self.graph,
+                plan,
+                timeline=self.timeline,
+                link=link,
+                allocator=self.allocator() if allocator else None,
+            )
         return Evaluation(params, plan, result, time.perf_counter() - start)
