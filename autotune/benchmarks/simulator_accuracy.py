@@ -220,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         row = _case(model, batch, cube, args.processes)
         print(
             f"{model:>16} batch {batch:>3}: predicted {format_bytes(row.predicted):>11}, "
-            f"measured {format_bytes(row.measured):>11} ({row.error:+.1%}), "
-            f"Grappler {format_bytes(row.grappler):>11} ({row.grappler_error:+.1%})",
+            f"measured {format_bytes(row.measured):>11} ({row.error:+.1%}); recorded order "
+            f"{row.recorded_error:+.1%}; Grappler {format_bytes(row.grappler):>11} "
+            f"({row.grappler_error:+.1%})",
             flush=True,
         )
         rows.append(row)
