@@ -1,8 +1,10 @@
 """Swap long-lived tensors of a TensorFlow 2 training step to host memory, chosen by simulation.
 
-The public API is small: `simulate` predicts a step's device memory, `measure` reads the real
-allocator's peak; both take a tf.function step with example args, or a Keras model with `loss=`,
-`optimizer=` and `batch_size=`.
+The public API is small: `simulate` predicts a step's device memory (with a swap plan and a time
+model when given plan options and a device), `measure` reads the real allocator's peak, `rewrite`
+hands back the tuned step for a plan and `verify` runs it against the prediction. Each takes a
+tf.function step with example args, or a Keras model with `loss=`, `optimizer=` and
+`batch_size=`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ __all__ = [
     "measure",
     "parse_size",
     "prepare_measurement",
+    "rewrite",
     "simulate",
+    "verify",
 ]
 
 
@@ -39,3 +43,32 @@ def measure(step: Any, *example_args: Any, repeats: int = 3, **options: Any) -> 
 
 def _is_spec(arg: Any) -> bool:
     return type(arg).__name__ == "TensorSpec"
+
+
+def _split(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Plan options out of `options` (which keeps the capture options)."""
+    from autotune.api import PLAN_OPTIONS
+    from rewriter.plan import PlanParams
+
+    plan_kw = {k: options.pop(k) for k in list(options) if k in PLAN_OPTIONS}
+    return options, PlanParams(**plan_kw)
+
+
+def rewrite(step: Any, *example_args: Any, mode: str | None = None, **options: Any) -> Any:
+    """The tuned step for the plan that `n_tensors=`, `lb=`, `ub=`, ... give: callable like the
+    original, with `.graph_def` and `.plan`. On a GPU if TensorFlow sees one, else emulated."""
+    from autotune.verify import rewrite_captured
+
+    options, params = _split(options)
+    captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
+    return rewrite_captured(captured, params, **({"mode": mode} if mode else {}))
+
+
+def verify(step: Any, *example_args: Any, steps: int = 3, **options: Any) -> Any:
+    """Run the tuned step (plan options as for `rewrite`) and the original on the device and
+    report measured peaks and times next to the simulator's prediction."""
+    from autotune.verify import verify_captured
+
+    options, params = _split(options)
+    captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
+    return verify_captured(captured, params, steps=steps)

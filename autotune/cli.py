@@ -122,6 +122,35 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Rewrite a zoo model's step with a plan, run it and the original, compare to prediction."""
+    from autotune.verify import verify_captured
+    from rewriter.plan import PlanParams
+
+    params = plan_params(args) or PlanParams()
+    v = verify_captured(_capture_zoo(args), params, steps=args.steps)
+    out = {"model": args.model, "batch_size": args.batch_size, **v.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"model        {args.model}, batch {args.batch_size}, on {v.device}")
+    print(
+        f"swapped      {len(v.plan.swaps)} tensors; {len(v.executed)} of {v.swap_ops} swap ops "
+        "ran (read from the executed graphs)"
+    )
+    for label, run, pred in (
+        ("tuned", v.tuned, v.predicted_peak_bytes),
+        ("original", v.baseline, v.baseline_predicted_peak_bytes),
+    ):
+        measured = _sized(run.peak_bytes) if run.peak_bytes else run.error
+        print(f"{label:<12} measured {measured}, predicted {_sized(pred)}")
+        if run.step_seconds is not None:
+            print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {args.steps})")
+    if v.error_percent is not None:
+        print(f"error        {v.error_percent:+.1f} % (predicted against measured, tuned)")
+    return 0
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo model name (see `autotune models`)")
     p.add_argument("--batch-size", type=_positive_int, required=True, help="images per step")
@@ -137,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "models": cmd_models,
         "simulate": cmd_simulate,
         "measure": cmd_measure,
+        "verify": cmd_verify,
     }
     for name, fn in commands.items():
         p = sub.add_parser(name, help=(fn.__doc__ or "").strip(), description=fn.__doc__)
@@ -147,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
             _model_args(p)
         if name == "measure":
             p.add_argument("--repeats", type=_positive_int, default=3, help="measured steps")
+        if name == "verify":
+            add_plan_args(p)
+            p.add_argument("--steps", type=_positive_int, default=3, help="measured steps")
         if name == "simulate":
             add_plan_args(p)
             add_device_args(p)

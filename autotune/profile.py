@@ -15,7 +15,7 @@ from typing import Any
 
 from rewriter.capture import Captured
 
-__all__ = ["Profile", "record_profile"]
+__all__ = ["Profile", "profile_function", "record_profile"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,17 @@ class Profile:
 
 def record_profile(captured: Captured, *args: Any) -> Profile:
     """Run the step once to warm up, then once under the profiler, and read the executed ops."""
-    import tensorflow as tf
-
     from autotune.measure import example_tensors
 
-    fn = captured.concrete_function
     inputs = list(args) or example_tensors(captured.specs)
+    return profile_function(captured.concrete_function, inputs, set(captured.graph.ops))
+
+
+def profile_function(fn: Any, inputs: list[Any], names: set[str]) -> Profile:
+    """Warm `fn` up, run it once under the profiler (and, where the allocator reports it, read
+    that step's peak), and return the ops among `names` in the order they ran."""
+    import tensorflow as tf
+
     fn(*inputs)
     device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
     memory = _memory_readable(tf, device)
@@ -57,7 +62,7 @@ def record_profile(captured: Captured, *args: Any) -> Profile:
         paths = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
         if not paths:
             raise RuntimeError("the TensorFlow profiler wrote no trace; cannot record the order")
-        events = _op_events(paths[0], set(captured.graph.ops))
+        events = _op_events(paths[0], names)
     order = tuple(dict.fromkeys(name for _, name, _ in events))
     seconds: dict[str, float] = {}
     for _, name, dur in events:

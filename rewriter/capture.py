@@ -61,10 +61,11 @@ def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
     return Captured(graph, cf, specs, list(cf.variables), seconds)
 
 
-def graph_from_concrete(cf: Any) -> Graph:
-    """The IR of a concrete function: ops, tensors with bytes, variables sized from real ones."""
+def graph_from_concrete(cf: Any, variables: list[Any] | None = None) -> Graph:
+    """The IR of a concrete function: ops, tensors with bytes, variables sized from real ones
+    (`variables`, for a function that does not list the variables it captures)."""
     fg = cf.graph
-    kinds = _placeholder_kinds(cf)
+    kinds = _placeholder_kinds(cf, list(cf.variables) if variables is None else variables)
     graph = Graph(fg.name)
     graph.functions = [f.signature.name for f in fg.as_graph_def().library.function]
     for tf_op in _topological(fg.get_operations()):
@@ -95,9 +96,9 @@ def _topological(ops: list[Any]) -> list[Any]:
     return out
 
 
-def _placeholder_kinds(cf: Any) -> dict[str, tuple[TensorKind, int | None]]:
+def _placeholder_kinds(cf: Any, variables: list[Any]) -> dict[str, tuple[TensorKind, int | None]]:
     """Kind (and, for variables, storage bytes) of each placeholder of the function graph."""
-    by_handle = {id(v.handle): v for v in cf.variables}
+    by_handle = {id(v.handle): v for v in variables}
     kinds: dict[str, tuple[TensorKind, int | None]] = {}
     for ext, internal in zip(cf.captured_inputs, cf.graph.internal_captures):
         var = by_handle.get(id(ext))
@@ -123,6 +124,8 @@ def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]]) -> Tensor:
     kind, nbytes = kinds.get(t.name, (None, None))
     if kind is None:
         kind = TensorKind.CONSTANT if t.op.type == "Const" else TensorKind.TRANSIENT
+    if _is_host_copy(t.op.name):
+        kind = TensorKind.HOST
     if t.dtype.name in ("resource", "variant"):
         if kind is not TensorKind.VARIABLE:
             kind, nbytes = TensorKind.HANDLE, 0
@@ -172,8 +175,18 @@ def _broadcast_reduction(shapes: list[list[int]]) -> tuple[list[int], list[int]]
     return [i for i in range(rank) if x[i] == 1], [i for i in range(rank) if y[i] == 1]
 
 
+def _is_swap_op(name: str) -> bool:
+    return name.startswith(("swap_out/", "swap_in/"))
+
+
+def _is_host_copy(name: str) -> bool:
+    """Outputs of a rewritten graph's swap-outs (and emulated fetches) live on the host."""
+    return name.startswith("swap_out/") or (name.startswith("swap_in/") and name.endswith("/fetch"))
+
+
 def _op(tf_op: Any) -> Op:
     n_in, n_out = len(tf_op.inputs), len(tf_op.outputs)
+    swap = _is_swap_op(tf_op.name)  # copies between host and device: never aliases
     return Op(
         name=tf_op.name,
         type=tf_op.type,
@@ -181,8 +194,8 @@ def _op(tf_op: Any) -> Op:
         outputs=[t.name for t in tf_op.outputs],
         control_inputs=[c.name for c in tf_op.control_inputs],
         device=tf_op.device,
-        forwards=forwards(tf_op.type, n_in, n_out),
-        inplace=inplace_inputs(tf_op.type, n_in),
+        forwards={} if swap else forwards(tf_op.type, n_in, n_out),
+        inplace=() if swap else inplace_inputs(tf_op.type, n_in),
         calls=_called_functions(tf_op),
         scratch=scratch_bytes(tf_op.type, _sizes(tf_op.inputs), _sizes(tf_op.outputs)),
     )

@@ -117,8 +117,12 @@ def scratch_bytes(op_type: str, input_bytes: list[int], output_bytes: list[int])
 
     Einsum transposes its operands into temporaries, multiplies into a temporary and transposes
     that into its output (tensorflow/core/kernels/linalg/einsum_op_impl.h); we count the
-    operands and the product, an upper bound when an operand needs no transpose.
+    operands and the product, an upper bound when an operand needs no transpose. MaxPoolGrad
+    on oneDNN (TensorFlow's CPU build) recomputes the pooled output as a workspace: measured
+    here as one temporary of the pooled output's size.
     """
     if op_type == "Einsum":
         return sum(input_bytes) + sum(output_bytes)
+    if op_type in ("MaxPoolGrad", "MaxPool3DGrad") and len(input_bytes) > 1:
+        return input_bytes[1]  # oneDNN reruns the forward pool for its workspace (seen on CPU)
     return 0

@@ -35,7 +35,7 @@ def lower_bound_bytes(graph: Graph, *, granularity: int = ALLOCATOR_GRANULARITY)
         need = sum(
             _round_up(graph.tensors[r].nbytes, granularity)
             for r in roots
-            if not graph.tensors[r].kind.resident
+            if graph.tensors[r].kind.on_device
         )
         best = max(best, need + _round_up(op.scratch, granularity))
     return resident + best

@@ -24,6 +24,12 @@ class TensorKind(str, Enum):
     VARIABLE = "variable"  # a resource handle; `nbytes` is the variable's storage, resident
     CONSTANT = "constant"  # a constant kept by its kernel across steps, resident
     HANDLE = "handle"  # a resource or variant handle with no device storage of its own
+    HOST = "host"  # held in host memory (a swapped-out copy): no device memory
+
+    @property
+    def on_device(self) -> bool:
+        """True when the step allocates the tensor's bytes on the device."""
+        return self in (TensorKind.TRANSIENT,)
 
     @property
     def resident(self) -> bool:

@@ -107,7 +107,7 @@ def compile_program(
     resident = [t.kind.resident for t in tensors]
     alloc = [_round_up(t.nbytes, granularity) for t in tensors]
     last = _last_uses(graph, order, tid)
-    fixed = list(resident)
+    fixed = [not t.kind.on_device for t in tensors]
     steps: list[list[_Out]] = []
     for p, op_name in enumerate(order.ops):
         op = graph.ops[op_name]

@@ -6,13 +6,29 @@ from tests.autotune.cli_helpers import cli_json, run_cli
 
 pytestmark = pytest.mark.tf
 
-KEYS = ("host_peak_bytes", "step_seconds", "baseline_step_seconds", "overhead",
-        "lower_bound_bytes", "swapped_tensors", "peak_bytes")
+KEYS = (
+    "host_peak_bytes",
+    "step_seconds",
+    "baseline_step_seconds",
+    "overhead",
+    "lower_bound_bytes",
+    "swapped_tensors",
+    "peak_bytes",
+)
 
 
 def test_default_plan_on_a_preset_reports_memory_time_and_bound() -> None:
-    out = cli_json("simulate", "--model", "tiny-unet3d", "--batch-size", "4",
-                   "--n-tensors", "-1", "--device", "v100-16gb-pcie3")
+    out = cli_json(
+        "simulate",
+        "--model",
+        "tiny-unet3d",
+        "--batch-size",
+        "4",
+        "--n-tensors",
+        "-1",
+        "--device",
+        "v100-16gb-pcie3",
+    )
     for key in KEYS:
         assert out[key] is not None, key
     assert out["swapped_tensors"] > 0 and out["host_peak_bytes"] > 0
@@ -30,8 +46,17 @@ def test_n_tensors_zero_is_the_no_swap_simulation() -> None:
 
 
 def test_slower_link_costs_more_time() -> None:
-    args = ("simulate", "--model", "tiny-unet3d", "--batch-size", "4", "--n-tensors", "-1",
-            "--device", "v100-16gb-nvlink2")
+    args = (
+        "simulate",
+        "--model",
+        "tiny-unet3d",
+        "--batch-size",
+        "4",
+        "--n-tensors",
+        "-1",
+        "--device",
+        "v100-16gb-nvlink2",
+    )
     fast = cli_json(*args)
     slow = cli_json(*args, "--link-bandwidth", "1GB")
     assert slow["step_seconds"] > fast["step_seconds"]
@@ -43,21 +68,32 @@ def test_python_api_takes_plan_options_and_a_device() -> None:
     from autotune.zoo import get_entry
 
     zm = get_entry("tiny-cnn").build()
-    sim = autotune.simulate(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=8,
-                            n_tensors=2, lb=2, ub=5, device="a100-40gb-pcie4")
+    sim = autotune.simulate(
+        zm.model,
+        loss=zm.loss,
+        optimizer=zm.optimizer,
+        batch_size=8,
+        n_tensors=2,
+        lb=2,
+        ub=5,
+        device="a100-40gb-pcie4",
+    )
     assert sim.swapped_tensors == 2 and len(sim.plan.swaps) == 2
     assert sim.evaluation.params.lb == 2 and sim.overhead is not None
     assert sim.to_dict()["params"]["ub"] == 5
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--device", "tpu-v9"], "invalid choice"),
-    (["--lb", "0"], ">= 1"),
-    (["--lb", "5", "--ub", "2"], "lb <= ub"),
-    (["--n-tensors", "-3"], ">= -1"),
-    (["--gpu-memory", "12 parsecs", "--device", "v100-16gb-pcie3"], "cannot read size"),
-    (["--gpu-memory", "8GiB"], "name one"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--device", "tpu-v9"], "invalid choice"),
+        (["--lb", "0"], ">= 1"),
+        (["--lb", "5", "--ub", "2"], "lb <= ub"),
+        (["--n-tensors", "-3"], ">= -1"),
+        (["--gpu-memory", "12 parsecs", "--device", "v100-16gb-pcie3"], "cannot read size"),
+        (["--gpu-memory", "8GiB"], "name one"),
+    ],
+)
 def test_bad_plan_or_device_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     out = run_cli("simulate", "--model", "tiny-cnn", "--batch-size", "2", *args)
     assert out.returncode == 2, out.stderr

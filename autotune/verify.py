@@ -1,0 +1,171 @@
+"""Confirm a plan by running it: measured peak and step time next to the simulator's prediction.
+
+On a GPU the tuned step runs with its swap ops on the GPU and its host; without one it runs on
+the emulated device (swapped tensors kept outside TensorFlow's allocator, see rewriter.apply).
+The tuned step runs first, while the allocator holds only what the warm-up left, then the
+original; an out-of-memory on the GPU is reported as "does not fit", not raised.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rewriter.apply import TunedStep, apply_plan
+from rewriter.capture import Captured
+from rewriter.plan import PlanContext, PlanParams, derive_plan
+from simulator import BFCModel, SwapPlan, compile_program, simulate_plan
+
+__all__ = ["Run", "Verification", "executed_swap_ops", "rewrite_captured", "verify_captured"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Measured peak (None when it ran out of memory) and median seconds of a few steps."""
+
+    peak_bytes: int | None
+    step_seconds: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Measured against predicted, for the tuned step and for the original."""
+
+    device: str
+    plan: SwapPlan
+    tuned: Run
+    baseline: Run
+    predicted_peak_bytes: int
+    baseline_predicted_peak_bytes: int
+    swap_ops: int
+    executed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def error_percent(self) -> float | None:
+        """(predicted − measured) / measured, in percent, for the tuned step."""
+        if not self.tuned.peak_bytes:
+            return None
+        return 100.0 * (self.predicted_peak_bytes / self.tuned.peak_bytes - 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "measured_peak_bytes": self.tuned.peak_bytes,
+            "baseline_measured_peak_bytes": self.baseline.peak_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "baseline_predicted_peak_bytes": self.baseline_predicted_peak_bytes,
+            "error_percent": self.error_percent,
+            "step_seconds": self.tuned.step_seconds,
+            "baseline_step_seconds": self.baseline.step_seconds,
+            "fits": self.tuned.error is None,
+            "error": self.tuned.error,
+            "swapped_tensors": len(self.plan.swaps),
+            "swap_ops": self.swap_ops,
+            "swap_ops_executed": len(self.executed),
+            "pinned_order": True,
+            "params": dict(self.plan.params),
+        }
+
+
+def _gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def rewrite_captured(captured: Captured, params: PlanParams, **options: Any) -> TunedStep:
+    """Derive the plan for `params` and apply it: on the GPU if TensorFlow sees one (swap-outs
+    to the host), else on the emulated device."""
+    plan = derive_plan(PlanContext.build(captured.graph), params)
+    if _gpu():
+        options = {"mode": "device", "compute_device": "/device:GPU:0", **options}
+    return apply_plan(captured, plan, **options)
+
+
+def verify_captured(captured: Captured, params: PlanParams, *, steps: int = 3) -> Verification:
+    """Run the tuned and the original step `steps` times after a warm-up each; compare."""
+    import tensorflow as tf
+
+    from autotune.measure import _check_setup, example_tensors
+
+    _check_setup(tf)
+    # the schedule is pinned so that the run follows the order the plan was simulated in; the
+    # pinned step matches the original to rounding (see rewriter.apply), which verify does not need
+    tuned = rewrite_captured(captured, params, pin_order=True)
+    inputs = example_tensors(captured.specs)
+    device = "GPU:0" if _gpu() else "CPU:0"
+    executed = _first_call(tuned, inputs)
+    tuned_run = _run(tuned, inputs, device, steps)
+    base_run = _run(captured.concrete_function, inputs, device, steps)
+    allocator = BFCModel(allow_growth=device == "CPU:0")
+    program = compile_program(captured.graph)
+    predicted = simulate_plan(program, captured.graph, tuned.plan, allocator=allocator)
+    base = simulate_plan(
+        program, captured.graph, SwapPlan(), allocator=BFCModel(allow_growth=device == "CPU:0")
+    )
+    return Verification(
+        "GPU:0" if device == "GPU:0" else "emulated",
+        tuned.plan,
+        tuned_run,
+        base_run,
+        predicted.peak_bytes,
+        base.peak_bytes,
+        len(tuned.swap_ops),
+        executed,
+    )
+
+
+def _first_call(tuned: TunedStep, inputs: list[Any]) -> dict[str, str]:
+    """Run the tuned step for the first time, reading which swap ops TensorFlow executed (the
+    executed graphs are reported only when the function is first run)."""
+    import tensorflow as tf
+
+    try:
+        return executed_swap_ops(tuned, *inputs)
+    except tf.errors.ResourceExhaustedError:
+        return {}
+
+
+def _run(fn: Any, inputs: list[Any], device: str, steps: int) -> Run:
+    """Warm up once, then `steps` measured steps: median peak and median seconds."""
+    import tensorflow as tf
+
+    try:
+        fn(*inputs)
+        peaks, seconds = [], []
+        for _ in range(steps):
+            tf.config.experimental.reset_memory_stats(device)
+            start = time.perf_counter()
+            out = fn(*inputs)
+            tf.nest.map_structure(lambda t: t.numpy(), out)
+            seconds.append(time.perf_counter() - start)
+            peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
+    except tf.errors.ResourceExhaustedError as err:
+        return Run(None, None, f"does not fit: {str(err).splitlines()[0][:200]}")
+    return Run(int(statistics.median(peaks)), statistics.median(seconds))
+
+
+def executed_swap_ops(tuned: TunedStep, *inputs: Any) -> dict[str, str]:
+    """The tuned step's swap ops found in the partition graphs TensorFlow executed, with the
+    device each ran on: proof that the graph optimizer kept them, read from run metadata.
+    Call it on the step's first run: later runs report no graphs."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        tuned(*inputs)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    wanted = set(tuned.swap_ops)
+    found = {}
+    for fg in metadata.function_graphs:
+        for pg in fg.partition_graphs:
+            for node in pg.node:
+                if node.name in wanted:
+                    found[node.name] = node.device
+    return found

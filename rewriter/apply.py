@@ -1,0 +1,244 @@
+"""Apply a swap plan to the real TensorFlow graph and hand back a tuned step.
+
+The captured function's GraphDef is imported into a `wrap_function` graph with every captured
+variable handle mapped in; for each swapped tensor a swap-out op is added on the host, swap-in
+ops on the compute device with a control dependency on their trigger, and the plan's readers
+are rerouted to the swap-ins. Swap ops carry `_grappler_do_not_remove`, so TensorFlow's graph
+optimizer keeps them (it removed plain Identity swap ops before, see REFERENCE.md).
+
+Two modes. `device`: swap ops are Identity ops placed on the host and compute devices (a GPU
+and its host, or two logical CPUs in tests). `emulated`: the swap-out copies the tensor into a
+Python-side store and returns a token, the swap-in copies it back, so swapped tensors live
+outside TensorFlow's allocator and its peak shows the device-side saving on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from rewriter.capture import Captured, graph_from_concrete
+from rewriter.plan import check_plan
+from simulator import Graph, InvalidPlan, SwapPlan, categorized_order, compile_program
+from simulator.swap import apply_plan as lower_plan
+
+__all__ = ["MODES", "TunedStep", "apply_plan", "validate_plan"]
+
+MODES = ("device", "emulated")
+_KEEP = "_grappler_do_not_remove"
+
+
+@dataclass
+class TunedStep:
+    """A callable with the original step's signature that trains exactly like it, with swaps."""
+
+    function: Any
+    plan: SwapPlan
+    mode: str
+    swap_ops: tuple[str, ...]
+    structured_outputs: Any
+    variables: list[Any]
+
+    def __call__(self, *args: Any) -> Any:
+        import tensorflow as tf
+
+        flat = self.function(*args)
+        return tf.nest.pack_sequence_as(self.structured_outputs, flat)
+
+    @property
+    def graph_def(self) -> Any:
+        """The rewritten GraphDef (before TensorFlow's own optimizations)."""
+        return self.function.graph.as_graph_def()
+
+    def recapture(self) -> Graph:
+        """The IR of the rewritten graph: swap-outs on the host, swap-ins new device memory."""
+        return graph_from_concrete(self.function, self.variables)
+
+
+def validate_plan(captured: Captured, plan: SwapPlan) -> None:
+    """Reject, before anything runs, a plan for another graph or another batch size, one that
+    names missing ops or tensors, has a cycle, or reads a tensor while it is only on the host."""
+    graph = captured.graph
+    for swap in plan.swaps:
+        tensor = graph.tensors.get(swap.tensor)
+        if tensor is None:
+            raise InvalidPlan(f"plan swaps tensor {swap.tensor!r}, which is not in this graph")
+        if tensor.nbytes != swap.nbytes:
+            raise InvalidPlan(
+                f"plan was derived where {swap.tensor!r} had {swap.nbytes} B; here it has "
+                f"{tensor.nbytes} B: derive the plan for this batch size"
+            )
+    order = categorized_order(graph)
+    check_plan(graph, order, plan)
+    lower_plan(compile_program(graph, order), graph, plan)
+
+
+def apply_plan(
+    captured: Captured,
+    plan: SwapPlan,
+    *,
+    mode: str = "emulated",
+    compute_device: str | None = None,
+    host_device: str = "/device:CPU:0",
+    pin_order: bool = False,
+) -> TunedStep:
+    """The tuned step for `plan` (validated first) in `mode` ('device' or 'emulated').
+
+    With `pin_order`, control edges chain the ops in the categorized order the plan was
+    simulated in, so TensorFlow runs the schedule the simulator predicted for (its executor
+    would otherwise run triggers, and so swap-ins, at other times). The chain keeps oneDNN from
+    fusing some kernels, so a pinned step matches the original only to rounding, not bitwise;
+    it is off by default.
+    """
+    import tensorflow as tf
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    validate_plan(captured, plan)
+    cf = captured.concrete_function
+    graph_def = cf.graph.as_graph_def()
+    handles = {ph.name: h for ph, h in zip(cf.graph.internal_captures, cf.captured_inputs)}
+    args = [t.name for t in cf.graph.inputs if t.name not in handles]
+    outputs = [t.name for t in cf.outputs]
+    names: list[str] = []
+
+    def body(*inputs: Any) -> Any:
+        g = tf.compat.v1.get_default_graph()
+        input_map = dict(zip(args, inputs))
+        input_map.update({name: g.capture(h) for name, h in handles.items()})
+        out = tf.graph_util.import_graph_def(
+            graph_def, input_map=input_map, return_elements=outputs, name=""
+        )
+        after = _insert_swaps(g, plan, mode, compute_device, host_device)
+        names.extend(op.name for ops in after.values() for op in ops)
+        if pin_order:
+            _pin(g, categorized_order(captured.graph).ops, after, set(input_map))
+        return out
+
+    function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))
+    return TunedStep(function, plan, mode, tuple(names), cf.structured_outputs, captured.variables)
+
+
+def _insert_swaps(
+    g: Any, plan: SwapPlan, mode: str, compute_device: str | None, host_device: str
+) -> dict[str, list[Any]]:
+    """Add the swap ops of `plan` to the imported graph `g` and reroute the readers; return
+    the swap ops by the op they follow (a swap-out its producer, a swap-in its trigger)."""
+    import tensorflow as tf
+
+    after: dict[str, list[Any]] = {}
+    for swap in plan.swaps:
+        tensor = g.get_tensor_by_name(swap.tensor)
+        base = swap.tensor.replace(":", "_")
+        with _on(host_device if mode == "device" else None):
+            stored = _swap_out(tensor, mode, len(swap.swap_ins), f"swap_out/{base}")
+        after.setdefault(tensor.op.name, []).append(_keep(stored))
+        for k, swap_in in enumerate(swap.swap_ins):
+            trigger = g.get_operation_by_name(swap_in.trigger)
+            device = compute_device if mode == "device" else None
+            with _on(device), tf.control_dependencies([trigger]):
+                back = _swap_in(stored, tensor, mode, f"swap_in/{base}/{k}")
+            after.setdefault(trigger.name, []).append(_keep(back))
+            for reader in swap_in.consumers:
+                _reroute(g.get_operation_by_name(reader), tensor, back)
+    return after
+
+
+def _pin(g: Any, schedule: tuple[str, ...], after: dict[str, list[Any]], fed: set[str]) -> None:
+    """Chain the schedule's ops with control edges, each swap op right after the op it follows;
+    placeholders that were fed are left out (they no longer run). Without the swap ops in the
+    chain, TensorFlow's executor defers them until the chain stalls."""
+    chain = []
+    for name in schedule:
+        op = g.get_operation_by_name(name)
+        if not any(t.name in fed for t in op.outputs):
+            chain.append(op)
+        chain.extend(after.get(name, ()))
+    for before, nxt in zip(chain, chain[1:]):
+        nxt._add_control_input(before)
+
+
+def _on(device: str | None) -> Any:
+    """A device scope, or none."""
+    import contextlib
+
+    import tensorflow as tf
+
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+def _keep(t: Any) -> Any:
+    """Mark the op of `t` so that Grappler preserves it."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    t.op._set_attr(_KEEP, attr_value_pb2.AttrValue(b=True))
+    return t.op
+
+
+def _reroute(op: Any, old: Any, new: Any) -> None:
+    for i, t in enumerate(op.inputs):
+        if t.name == old.name:
+            op._update_input(i, new)
+
+
+def _swap_out(tensor: Any, mode: str, readers: int, name: str) -> Any:
+    import tensorflow as tf
+
+    if mode == "device":
+        return tf.identity(tensor, name=name)
+    token = tf.numpy_function(_HOST.put_with(readers), [tensor], tf.int64, stateful=True, name=name)
+    token.set_shape(())
+    return token
+
+
+def _swap_in(stored: Any, like: Any, mode: str, name: str) -> Any:
+    import tensorflow as tf
+
+    if mode == "device":
+        return tf.identity(stored, name=name)
+    fetched = tf.numpy_function(
+        _HOST.take, [stored], like.dtype, stateful=True, name=f"{name}/fetch"
+    )
+    fetched.set_shape(like.shape)
+    # TensorFlow may wrap the returned array without copying it; the copy puts the swapped-in
+    # tensor in TensorFlow's allocator, where a real swap-in would land
+    return tf.raw_ops.DeepCopy(x=fetched, name=name)
+
+
+class _HostStore:
+    """The emulated host: arrays kept outside TensorFlow's allocator, each until its last
+    swap-in has taken it back."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, list[Any]] = {}
+        self._keys = itertools.count()
+        self._lock = threading.Lock()
+
+    def put_with(self, readers: int) -> Any:
+        """A swap-out function for a tensor that `readers` swap-ins will take back."""
+        import numpy as np
+
+        def put(array: Any) -> Any:
+            with self._lock:
+                key = next(self._keys)
+                self._items[key] = [np.array(array, copy=True), readers]
+            return np.int64(key)
+
+        return put
+
+    def take(self, key: Any) -> Any:
+        with self._lock:
+            item = self._items[int(key)]
+            item[1] -= 1
+            if item[1] == 0:
+                del self._items[int(key)]
+        return item[0]
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(a.nbytes for a, _ in self._items.values())
+
+
+_HOST = _HostStore()
