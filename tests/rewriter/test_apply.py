@@ -16,7 +16,6 @@ from rewriter.apply import apply_plan  # noqa: E402
 from rewriter.plan import PlanContext, PlanParams, derive_plan  # noqa: E402
 from simulator import (  # noqa: E402  # noqa: E402
     InvalidPlan,
-    Swap,
     SwapIn,
     SwapPlan,
     compile_program,
