@@ -85,3 +85,18 @@ def unet_skip() -> Graph:
     g_e2 = add(g, "gradient_tape/e2", g_d2 + g_e1, 2048)
     g.mark_outputs(g_e2)
     return g
+
+
+def training_diamond() -> Graph:
+    """x -> a -> (b, c) -> d, then backward: gd reads d, gb reads a and b, gc reads a and c."""
+    g = Graph("training_diamond")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4096)
+    b = add(g, "b", a, 1024)
+    c = add(g, "c", a, 1024)
+    d = add(g, "d", b + c, 256)
+    gd = add(g, "gradient_tape/d", d, 512)
+    gb = add(g, "gradient_tape/b", gd + a + b, 512)
+    gc = add(g, "gradient_tape/c", gb + a + c, 512)
+    g.mark_outputs(gc)
+    return g

@@ -156,3 +156,35 @@ def test_allocator_peak_applies_to_plans() -> None:
     g = training_chain((3 << 19, 1024, 1024))
     r = simulate_plan(compile_program(g), g, plan_for(g), allocator=BFCModel())
     assert r.peak_bytes >= r.memory.live_peak_bytes
+
+
+def test_diamond_event_sequence_with_one_fused_swap_in() -> None:
+    from tests.simulator.builders import training_diamond
+
+    g = training_diamond()
+    plan = plan_for(g, n_tensors=1, groupby=1)
+    assert [(s.tensor, [(i.trigger, i.consumers) for i in s.swap_ins]) for s in plan.swaps] == [
+        ("a:0", [("gradient_tape/d", ("gradient_tape/b", "gradient_tape/c"))])
+    ]
+    r = simulate_plan(compile_program(g), g, plan)
+    assert events(r) == [
+        ("ALLOC", 1, "a:0", 4352, 0),
+        ("SWAP_OUT", 1, "a:0", 4352, 4096),
+        ("ALLOC", 2, "b:0", 5376, 4096),
+        ("ALLOC", 3, "c:0", 6400, 4096),
+        ("FREE", 3, "a:0", 2304, 4096),
+        ("ALLOC", 4, "d:0", 2560, 4096),
+        ("ALLOC", 5, "gradient_tape/d:0", 3072, 4096),
+        ("SWAP_IN", 5, "a:0@in0", 7168, 4096),
+        ("FREE", 5, "d:0", 6912, 4096),
+        ("HOST_FREE", 5, "a:0", 6912, 0),
+        ("ALLOC", 6, "gradient_tape/b:0", 7424, 0),
+        ("FREE", 6, "b:0", 6400, 0),  # buffers die in the order they were made
+        ("FREE", 6, "gradient_tape/d:0", 5888, 0),
+        ("ALLOC", 7, "gradient_tape/c:0", 6400, 0),
+        ("FREE", 7, "c:0", 5376, 0),
+        ("FREE", 7, "a:0@in0", 1280, 0),
+        ("FREE", 7, "gradient_tape/b:0", 768, 0),
+        ("FREE", 8, "gradient_tape/c:0", 256, 0),
+    ]
+    assert r.peak_bytes == 7424 and r.memory.peak_op == "gradient_tape/b"
