@@ -10,7 +10,13 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from autotune.api import COSTS, SCHEDULES
-from autotune.cli_options import add_device_args, add_plan_args, device_preset, plan_params
+from autotune.cli_options import (
+    add_device_args,
+    add_plan_args,
+    device_preset,
+    plan_params,
+    size_arg,
+)
 from autotune.units import format_bytes
 
 __all__ = ["main"]
@@ -124,12 +130,24 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Rewrite a zoo model's step with a plan, run it and the original, compare to prediction."""
-    from autotune.verify import verify_captured
+    from autotune.verify import limit_gpu_memory, verify_captured
     from rewriter.plan import PlanParams
 
     params = plan_params(args) or PlanParams()
+    limited = args.gpu_memory is not None and limit_gpu_memory(args.gpu_memory)
+    if args.gpu_memory is not None and not limited:
+        print(
+            "autotune: note: no GPU visible, so --gpu-memory does not apply; "
+            "running on the emulated device",
+            file=sys.stderr,
+        )
     v = verify_captured(_capture_zoo(args), params, steps=args.steps)
-    out = {"model": args.model, "batch_size": args.batch_size, **v.to_dict()}
+    out = {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        **v.to_dict(),
+        "gpu_memory_limit_bytes": args.gpu_memory if limited else None,
+    }
     if args.json:
         print(json.dumps(out))
         return 0
@@ -180,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "verify":
             add_plan_args(p)
             p.add_argument("--steps", type=_positive_int, default=3, help="measured steps")
+            p.add_argument(
+                "--gpu-memory",
+                type=size_arg,
+                default=None,
+                help="run the GPU under this logical memory limit, e.g. 16GiB",
+            )
         if name == "simulate":
             add_plan_args(p)
             add_device_args(p)

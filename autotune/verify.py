@@ -18,7 +18,14 @@ from rewriter.capture import Captured
 from rewriter.plan import PlanContext, PlanParams, derive_plan
 from simulator import BFCModel, SwapPlan, compile_program, simulate_plan
 
-__all__ = ["Run", "Verification", "executed_swap_ops", "rewrite_captured", "verify_captured"]
+__all__ = [
+    "Run",
+    "Verification",
+    "executed_swap_ops",
+    "limit_gpu_memory",
+    "rewrite_captured",
+    "verify_captured",
+]
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,26 @@ class Verification:
             "pinned_order": True,
             "params": dict(self.plan.params),
         }
+
+
+def limit_gpu_memory(nbytes: int) -> bool:
+    """Put the first GPU under a logical memory limit of `nbytes`, so that a big GPU stands in
+    for a smaller one. Must run before TensorFlow initializes the GPU; False without a GPU."""
+    import tensorflow as tf
+
+    from autotune.measure import MeasurementError
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return False
+    config = tf.config.LogicalDeviceConfiguration(memory_limit=max(1, nbytes >> 20))
+    try:
+        tf.config.set_logical_device_configuration(gpus[0], [config])
+    except RuntimeError as err:
+        raise MeasurementError(
+            "a GPU memory limit must be set before TensorFlow initializes the GPU"
+        ) from err
+    return True
 
 
 def _gpu() -> bool:

@@ -31,3 +31,32 @@ def test_default_plan_saves_memory_as_predicted(model: str, batch: int) -> None:
     assert abs(out["error_percent"]) <= 15.0, [r["error_percent"] for r in runs]
     assert all(r["swap_ops_executed"] == r["swap_ops"] > 0 for r in runs)
     assert out["params"]["n_tensors"] == -1 and out["params"]["lb"] == 1
+
+
+def test_gpu_memory_limit_without_a_gpu_says_so_and_runs_emulated() -> None:
+    from tests.autotune.cli_helpers import run_cli
+
+    out = run_cli(
+        "verify",
+        "--model",
+        "tiny-cnn",
+        "--batch-size",
+        "8",
+        "--steps",
+        "1",
+        "--gpu-memory",
+        "1GiB",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "no GPU visible" in out.stderr
+    import json
+
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["device"] == "emulated" and result["gpu_memory_limit_bytes"] is None
+
+
+def test_limit_gpu_memory_is_a_no_op_without_a_gpu() -> None:
+    from autotune.verify import limit_gpu_memory
+
+    assert limit_gpu_memory(1 << 30) is False
