@@ -27,9 +27,10 @@ pytestmark = pytest.mark.tf
 
 BATCH = {"tiny-cnn": 4, "tiny-unet3d": 2, "tiny-transformer": 4}
 EXACT = ["tiny-cnn", "tiny-unet3d"]
-# Known gap, kept visible: with swaps into the attention block, a few of the tiny transformer's
-# updated weights differ from the original's in the last bits (about 1e-8) while its loss is
-# identical; not explained yet (applied one at a time, no single swap reproduces it).
+# Known gap, kept visible: a few of the tiny transformer's updated weights differ from the
+# original's in the last bits (about 1e-8) while its loss is identical. Bisected: swapping the
+# element-wise intermediates of Keras' exact GELU (Gelu/mul, Gelu/mul_1) alone causes it,
+# presumably a graph rewrite of the GELU pattern that no longer matches; not fixed yet.
 TRANSFORMER = pytest.param(
     "tiny-transformer",
     marks=pytest.mark.xfail(strict=False, reason="last-bit differences in attention weights"),
