@@ -68,12 +68,30 @@ def graph_from_concrete(cf: Any, variables: list[Any] | None = None) -> Graph:
     kinds = _placeholder_kinds(cf, list(cf.variables) if variables is None else variables)
     graph = Graph(fg.name)
     graph.functions = [f.signature.name for f in fg.as_graph_def().library.function]
-    for tf_op in _topological(fg.get_operations()):
+    live = _live(fg)
+    for tf_op in _topological([op for op in fg.get_operations() if op.name in live]):
         tensors = [_tensor(t, kinds) for t in tf_op.outputs]
         graph.add_op(_op(tf_op), tensors)
     graph.mark_outputs([t.name for t in fg.outputs if t.name in graph.tensors])
     graph.lint()
     return graph
+
+
+def _live(fg: Any) -> set[str]:
+    """Names of the ops the function really runs: ancestors (data and control) of its outputs
+    and control outputs. TensorFlow prunes the other ops before it runs the function; keeping
+    them would count memory that is never allocated and offer swap candidates for nothing."""
+    roots = [t.op for t in fg.outputs] + list(getattr(fg, "control_outputs", []))
+    live: set[str] = set()
+    stack = list(roots)
+    while stack:
+        op = stack.pop()
+        if op.name in live:
+            continue
+        live.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return live
 
 
 def _topological(ops: list[Any]) -> list[Any]:
