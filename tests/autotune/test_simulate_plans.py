@@ -17,18 +17,12 @@ KEYS = (
 )
 
 
+# the original tool's default plan on the tiny 3D U-Net
+SWAP_ALL = ("simulate", "--model", "tiny-unet3d", "--batch-size", "4", "--n-tensors", "-1")
+
+
 def test_default_plan_on_a_preset_reports_memory_time_and_bound() -> None:
-    out = cli_json(
-        "simulate",
-        "--model",
-        "tiny-unet3d",
-        "--batch-size",
-        "4",
-        "--n-tensors",
-        "-1",
-        "--device",
-        "v100-16gb-pcie3",
-    )
+    out = cli_json(*SWAP_ALL, "--device", "v100-16gb-pcie3")
     for key in KEYS:
         assert out[key] is not None, key
     assert out["swapped_tensors"] > 0 and out["host_peak_bytes"] > 0
@@ -46,17 +40,7 @@ def test_n_tensors_zero_is_the_no_swap_simulation() -> None:
 
 
 def test_slower_link_costs_more_time() -> None:
-    args = (
-        "simulate",
-        "--model",
-        "tiny-unet3d",
-        "--batch-size",
-        "4",
-        "--n-tensors",
-        "-1",
-        "--device",
-        "v100-16gb-nvlink2",
-    )
+    args = (*SWAP_ALL, "--device", "v100-16gb-nvlink2")
     fast = cli_json(*args)
     slow = cli_json(*args, "--link-bandwidth", "1GB")
     assert slow["step_seconds"] > fast["step_seconds"]
