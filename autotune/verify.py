@@ -127,11 +127,11 @@ def verify_captured(captured: Captured, params: PlanParams, *, steps: int = 3) -
     executed = _first_call(tuned, inputs)
     tuned_run = _run(tuned, inputs, device, steps)
     base_run = _run(captured.concrete_function, inputs, device, steps)
-    allocator = BFCModel(allow_growth=device == "CPU:0")
+    growth = device == "CPU:0"  # the CPU's BFC grows regions; a GPU's holds one
     program = compile_program(captured.graph)
-    predicted = simulate_plan(program, captured.graph, tuned.plan, allocator=allocator)
-    base = simulate_plan(
-        program, captured.graph, SwapPlan(), allocator=BFCModel(allow_growth=device == "CPU:0")
+    predicted, base = (
+        simulate_plan(program, captured.graph, plan, allocator=BFCModel(allow_growth=growth))
+        for plan in (tuned.plan, SwapPlan())
     )
     return Verification(
         "GPU:0" if device == "GPU:0" else "emulated",

@@ -236,9 +236,5 @@ class _HostStore:
                 del self._items[int(key)]
         return item[0]
 
-    @property
-    def held_bytes(self) -> int:
-        return sum(a.nbytes for a, _ in self._items.values())
-
 
 _HOST = _HostStore()

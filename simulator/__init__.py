@@ -3,9 +3,7 @@
 Nothing in this package imports TensorFlow; `tests/simulator/test_no_tensorflow.py` proves it.
 """
 
-import dataclasses
-
-from simulator.allocator import BFCModel, OutOfMemory, replay_peak
+from simulator.allocator import BFCModel, OutOfMemory, replay_peak, with_allocator
 from simulator.bounds import lower_bound_bytes
 from simulator.devices import PRESETS, DevicePreset, get_preset
 from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
@@ -78,9 +76,3 @@ def simulate(
     """
     result = simulate_memory(compile_program(graph, order, granularity=granularity))
     return with_allocator(result, allocator or BFCModel())
-
-
-def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
-    """`result` with its peak replaced by the peak `allocator` reaches replaying the trace."""
-    peak = replay_peak(result.trace, list(result.resident_sizes), allocator)
-    return dataclasses.replace(result, peak_bytes=peak)

@@ -11,12 +11,13 @@ as `tf.config.experimental.get_memory_info(...)['peak']` does.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 
-from simulator.memory import paused_gc
+from simulator.memory import SimResult, paused_gc
 from simulator.trace import EventKind, Trace
 
-__all__ = ["BFCModel", "OutOfMemory", "replay_peak"]
+__all__ = ["BFCModel", "OutOfMemory", "replay_peak", "with_allocator"]
 
 _MIN_ALLOC = 256
 _MAX_INTERNAL_FRAGMENTATION = 128 << 20
@@ -143,6 +144,12 @@ def replay_peak(
     """
     with paused_gc():
         return _replay_peak(trace, resident, model or BFCModel(), warmup)
+
+
+def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
+    """`result` with its peak replaced by the peak `allocator` reaches replaying the trace."""
+    peak = replay_peak(result.trace, list(result.resident_sizes), allocator)
+    return dataclasses.replace(result, peak_bytes=peak)
 
 
 def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: bool) -> int:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from simulator.allocator import BFCModel, replay_peak
+from simulator.allocator import BFCModel, with_allocator
 from simulator.graph import Graph
 from simulator.memory import Program, SimResult, paused_gc, simulate_memory
 from simulator.plan import SwapPlan
@@ -63,6 +62,5 @@ def _simulate_plan(
     lowered = apply_plan(program, graph, plan, timing.released if timing else None)
     memory = simulate_memory(lowered)
     if allocator is not None:
-        peak = replay_peak(memory.trace, list(memory.resident_sizes), allocator)
-        memory = dataclasses.replace(memory, peak_bytes=peak)
+        memory = with_allocator(memory, allocator)
     return PlanResult(memory, timing, plan)

@@ -94,10 +94,6 @@ class TimeResult:
             out.append(e + shift)
         return out
 
-    def start(self) -> list[float]:
-        """When each step's op starts, after any stall."""
-        return [e - c for e, c in zip(self.end(), self.timeline.cost)]
-
 
 def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) -> TimeResult:
     """Walk only the steps where a swap happens; between them ops run back to back, so each

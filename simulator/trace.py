@@ -40,7 +40,8 @@ _Row = tuple[int, int, int, int, int, int]  # kind, step, tensor id, bytes, devi
 
 
 class Trace:
-    """Events stored as tuples (one append in the hot loop), read as columns or `Event`s."""
+    """Events stored as tuples in `rows` (the interpreter appends them directly, one append per
+    event in the hot loop), read as columns or as `Event`s."""
 
     def __init__(self, ops: tuple[str, ...], levels: list[int], tensors: list[str]) -> None:
         self._ops = ops
@@ -48,12 +49,6 @@ class Trace:
         self._tensors = tensors
         self.rows: list[_Row] = []
         self._columns: list[tuple[int, ...]] | None = None
-
-    def record(
-        self, kind: int, step: int, tensor: int, nbytes: int, live: int, host: int = 0
-    ) -> None:
-        """Append one event (the interpreter appends the same tuples to `rows` directly)."""
-        self.rows.append((kind, step, tensor, nbytes, live, host))
 
     def _column(self, i: int) -> tuple[int, ...]:
         if self._columns is None or len(self._columns[0]) != len(self.rows):
