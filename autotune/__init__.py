@@ -2,7 +2,8 @@
 
 The public API is small: `simulate` predicts a step's device memory (with a swap plan and a time
 model when given plan options and a device), `measure` reads the real allocator's peak, `rewrite`
-hands back the tuned step for a plan and `verify` runs it against the prediction. Each takes a
+hands back the tuned step for a plan, `verify` runs it against the prediction, and `fit` searches
+the fastest plan that fits a memory budget and returns the tuned step. Each takes a
 tf.function step with example args, or a Keras model with `loss=`, `optimizer=` and
 `batch_size=`.
 """
@@ -22,6 +23,7 @@ __all__ = [
     "MeasurementError",
     "Simulation",
     "capture",
+    "fit",
     "format_bytes",
     "measure",
     "parse_size",
@@ -72,3 +74,11 @@ def verify(step: Any, *example_args: Any, steps: int = 3, **options: Any) -> Any
     options, params = _split(options)
     captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
     return verify_captured(captured, params, steps=steps)
+
+
+def fit(step_or_model: Any, *example_args: Any, **options: Any) -> Any:
+    """Search the fastest swap plan that fits `gpu_memory=` on `device=` and return the tuned
+    step (see `autotune.tuning.fit` for the keyword-only options)."""
+    from autotune.tuning import fit as _fit
+
+    return _fit(step_or_model, *example_args, **options)

@@ -169,6 +169,112 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    """Find the fastest swap plan that fits the GPU memory (or the largest batch), by simulation."""
+    from autotune.search import Budget
+    from autotune.studies import study_name
+    from autotune.tuning import fit
+    from autotune.zoo import resolve_model
+    from simulator import get_preset
+
+    if (args.batch_size is None) == (not args.max_batch):
+        raise UsageError("give either --batch-size B or --max-batch")
+    preset = get_preset(args.device)
+    budget = Budget(args.gpu_memory or preset.memory_bytes, args.safety_ratio)
+    batch = args.batch_size or "max"
+    name = args.study or study_name(args.model, batch, preset.name, budget.bytes)
+    zm = resolve_model(args.model, cube=args.cube)
+    tuned = fit(
+        zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=args.batch_size,
+        gpu_memory=budget.device_bytes, device=preset, trials=args.trials, seed=args.seed,
+        storage=args.storage, study=name, out=args.out, safety_ratio=args.safety_ratio,
+        objectives=args.objectives, max_batch=args.max_batch, progress=not args.quiet,
+    )  # fmt: skip
+    report = tuned.report(args.out)
+    out = {"model": args.model, "study": name, "report": str(report), **tuned.to_dict()}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    _print_fit(args, tuned, name, report)
+    return 0
+
+
+def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> None:
+    from autotune.report import batches_table, methods_table
+
+    d = tuned.to_dict()
+    print(
+        f"model        {args.model}, batch {d['batch_size']}, on {d['device']}; budget "
+        f"{_sized(d['budget_bytes'])} = {d['safety_ratio']:.2f} x {_sized(d['gpu_memory_bytes'])}"
+    )
+    print(f"lower bound  {_sized(d['lower_bound_bytes'])}  (resident + largest op working set)")
+    if tuned.fits_without_swapping:
+        print(
+            f"no swap      fits without swapping: predicted peak {_sized(d['baseline_peak_bytes'])}"
+            " is within the budget; the step is returned untouched"
+        )
+    else:
+        print(f"tuned        {json.dumps(_nonempty(d['params']))}")
+        print(
+            f"             peak {_sized(d['predicted_peak_bytes'])} (no swap "
+            f"{_sized(d['baseline_peak_bytes'])}), overhead {d['predicted_overhead']:.3f}x, "
+            f"{d['swapped_tensors']} tensors swapped"
+        )
+    batches = batches_table(tuned)
+    if batches is not None:
+        print("\nlargest batch that fits, per method:")
+        print(batches.to_string(index=False))
+    print(f"\nmethods at batch {d['batch_size']}:")
+    print(methods_table(tuned).to_string(index=False))
+    print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
+    print(f"report       {report}  (study {name!r}: resume by running the same command)")
+
+
+def _nonempty(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v != []}
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
+    return value
+
+
+def _fit_args(p: argparse.ArgumentParser) -> None:
+    from autotune.search import DEFAULT_SAFETY_RATIO
+    from autotune.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
+    from simulator import PRESETS
+
+    p.add_argument(
+        "--model", required=True, help="zoo model name, or path/to/file.py:build_function"
+    )
+    p.add_argument("--batch-size", type=_positive_int, help="images per step")
+    p.add_argument("--max-batch", action="store_true", help="find the largest batch that fits")
+    p.add_argument("--cube", type=_positive_int, default=None, help="edge length for 3D models")
+    p.add_argument(
+        "--gpu-memory", type=size_arg, help="device memory, e.g. 16GiB (default: the preset)"
+    )
+    p.add_argument("--device", choices=sorted(PRESETS), default=DEFAULT_DEVICE, help="GPU preset")
+    p.add_argument("--trials", type=_positive_int, default=DEFAULT_TRIALS, help="Optuna trials")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (reproducible search)")
+    p.add_argument(
+        "--safety-ratio",
+        type=_ratio,
+        default=DEFAULT_SAFETY_RATIO,
+        help="share of the memory a predicted peak may use (default from measured error)",
+    )
+    p.add_argument("--objectives", type=int, choices=(1, 2), default=1, help="2: peak and time")
+    p.add_argument("--out", default="autotune-out", help="folder for the report and the study")
+    p.add_argument("--storage", help="Optuna database URL (default: SQLite in --out)")
+    p.add_argument("--study", help="study name (default: from model, batch, device, budget)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo model name (see `autotune models`)")
     p.add_argument("--batch-size", type=_positive_int, required=True, help="images per step")
@@ -185,12 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate": cmd_simulate,
         "measure": cmd_measure,
         "verify": cmd_verify,
+        "fit": cmd_fit,
     }
     for name, fn in commands.items():
         p = sub.add_parser(name, help=(fn.__doc__ or "").strip(), description=fn.__doc__)
         p.set_defaults(func=fn)
         if name == "models":
             p.add_argument("--json", action="store_true", help="print one JSON object")
+        elif name == "fit":
+            _fit_args(p)
         else:
             _model_args(p)
         if name == "measure":
@@ -244,7 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autotune: error: {str(err).splitlines()[0]}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
+        print(
+            "autotune: interrupted; finished trials are kept in the study: "
+            "run the same command to resume",
+            file=sys.stderr,
+        )
         return 130
 
 

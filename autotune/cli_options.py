@@ -17,6 +17,7 @@ _PLAN_FLAGS = (
     "threshold",
     "groupby",
     "trigger",
+    "sync_out",
     "include_types",
     "exclude_types",
     "include_scopes",
@@ -68,6 +69,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         help="fuse swap-ins of one tensor whose readers lie within this many levels",
     )
     g.add_argument("--trigger", choices=TRIGGER_STRATEGIES, help="how to find swap-in triggers")
+    g.add_argument(
+        "--sync-out",
+        action="store_const",
+        const=True,
+        help="forward readers of a swapped tensor wait for its swap-out (original sync_mode 1)",
+    )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")
         g.add_argument(

@@ -84,17 +84,20 @@ class Engine:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""
         return BFCModel(allow_growth=self.device is None)
 
-    def evaluate(self, params: PlanParams, *, allocator: bool = True) -> Evaluation:
-        """Derive the plan for `params` and simulate it (time model on if costs were given)."""
+    def evaluate(
+        self, params: PlanParams, *, allocator: bool = True, timed: bool = True
+    ) -> Evaluation:
+        """Derive the plan for `params` and simulate it (time model on if costs were given and
+        `timed`; without it copies count as instant, as in the original tool's simulator)."""
         start = time.perf_counter()
-        link = self.device.link if self.device else None
+        link = self.device.link if self.device and timed else None
         with paused_gc():
             plan = derive_plan(self.context, params)
             result = simulate_plan(
                 self.program,
                 self.graph,
                 plan,
-                timeline=self.timeline,
+                timeline=self.timeline if timed else None,
                 link=link,
                 allocator=self.allocator() if allocator else None,
             )

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ZOO", "ZooEntry", "ZooModel", "get_entry"]
+__all__ = ["ZOO", "ZooEntry", "ZooModel", "get_entry", "resolve_model"]
 
 
 @dataclass(frozen=True)
@@ -138,3 +138,38 @@ def get_entry(name: str) -> ZooEntry:
     if name not in ZOO:
         raise ValueError(f"unknown model {name!r}; the zoo has: {', '.join(ZOO)}")
     return ZOO[name]
+
+
+def resolve_model(spec: str, *, cube: int | None = None, seed: int = 0) -> ZooModel:
+    """A zoo model by name, or `path/to/file.py:function` from the user's own file: the function
+    takes no arguments and returns a compiled keras.Model or a (model, loss, optimizer) tuple."""
+    path, sep, func = spec.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        return get_entry(spec).build(cube=cube, seed=seed)
+    result = _load_function(path, func)()
+    if isinstance(result, tuple) and len(result) == 3:
+        return ZooModel(*result)
+    loss, optimizer = getattr(result, "loss", None), getattr(result, "optimizer", None)
+    if loss is None or optimizer is None:
+        raise ValueError(
+            f"{spec} must return a compiled keras.Model (with loss and optimizer) "
+            "or a (model, loss, optimizer) tuple"
+        )
+    return ZooModel(result, loss, optimizer)
+
+
+def _load_function(path: str, name: str) -> Callable[[], Any]:
+    import importlib.util
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise ValueError(f"model file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot load {path!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ValueError(f"{path!r} has no function {name!r}")
+    return fn

@@ -132,9 +132,12 @@ def _insert_swaps(
     for swap in plan.swaps:
         tensor = g.get_tensor_by_name(swap.tensor)
         base = swap.tensor.replace(":", "_")
+        forward = [op for op in tensor.consumers() if op.name not in swap.rerouted]
         with _on(host_device if mode == "device" else None):
             stored = _swap_out(tensor, mode, len(swap.swap_ins), f"swap_out/{base}")
         after.setdefault(tensor.op.name, []).append(_keep(stored))
+        for reader in forward if swap.sync else ():
+            reader._add_control_input(stored.op)
         for k, swap_in in enumerate(swap.swap_ins):
             trigger = g.get_operation_by_name(swap_in.trigger)
             device = compute_device if mode == "device" else None

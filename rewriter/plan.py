@@ -5,7 +5,8 @@ Candidates are tensors produced in the forward phase and read by a backward op a
 swapped (-1 all, 0 none). Each backward reader is rerouted to a swap-in triggered by an op
 `lb`..`ub` levels before it, found in the categorized order (`direct_order`) or by walking up the
 reader's own inputs (`chain_rule`); swap-ins of one tensor whose readers lie within `groupby`
-levels are fused. Shape-only ops are never rerouted and never triggers.
+levels are fused; with `sync_out` the tensor's forward readers wait for its swap-out. Shape-only
+ops are never rerouted and never triggers.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class PlanParams:
     threshold: int = 1
     groupby: int = 0
     trigger: str = "direct_order"
+    sync_out: bool = False
     include_types: tuple[str, ...] = ()
     exclude_types: tuple[str, ...] = ()
     include_scopes: tuple[str, ...] = ()
@@ -54,6 +56,14 @@ class PlanParams:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PlanParams:
+        """The parameters `to_dict` wrote (lists back to tuples)."""
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+        }
+        return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,7 @@ def _swap(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> Swap | None
     if not swap_ins:
         return None
     nbytes = ctx.graph.tensors[cand.tensor].nbytes
-    return Swap(cand.tensor, nbytes, tuple(swap_ins))
+    return Swap(cand.tensor, nbytes, tuple(swap_ins), params.sync_out)
 
 
 def _groups(readers: list[tuple[int, str]], groupby: int) -> list[list[tuple[int, str]]]:

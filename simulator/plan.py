@@ -26,11 +26,14 @@ class SwapIn:
 @dataclass(frozen=True)
 class Swap:
     """Copy `tensor` to the host once its producer ran; its device copy dies after the last
-    consumer not rerouted to a swap-in; each swap-in brings it back for its consumers."""
+    consumer not rerouted to a swap-in; each swap-in brings it back for its consumers. With
+    `sync`, the consumers not rerouted wait for the copy to finish (the original tool's
+    `sync_mode` 1): the forward pass then cannot outrun the link and pile up device copies."""
 
     tensor: str
     nbytes: int
     swap_ins: tuple[SwapIn, ...]
+    sync: bool = False
 
     @property
     def rerouted(self) -> frozenset[str]:
@@ -60,6 +63,7 @@ class SwapPlan:
                 {
                     "tensor": s.tensor,
                     "nbytes": s.nbytes,
+                    "sync": s.sync,
                     "swap_ins": [
                         {"trigger": i.trigger, "consumers": list(i.consumers)} for i in s.swap_ins
                     ],
@@ -76,6 +80,7 @@ class SwapPlan:
                 s["tensor"],
                 int(s["nbytes"]),
                 tuple(SwapIn(i["trigger"], tuple(i["consumers"])) for i in s["swap_ins"]),
+                bool(s.get("sync", False)),
             )
             for s in data.get("swaps", [])
         )

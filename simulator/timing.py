@@ -3,7 +3,8 @@
 Ops run one after another in the schedule, each taking its cost. A swap-out is queued on the
 device→host stream when its producer ends; a swap-in is queued on the host→device stream when
 its trigger ends (and not before its swap-out finished); an op that reads a swapped-in copy waits
-for that copy to arrive, and the wait is a stall. Transfers overlap compute.
+for that copy to arrive, and the wait is a stall. Under a synchronized swap-out, the tensor's
+other readers wait for the swap-out to finish. Transfers overlap compute.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ _Steps = tuple[
 
 
 def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
-    """Per step: swap-outs after it, swap-ins triggered by it, swap-ins it waits for."""
+    """Per step: swap-outs after it, swap-ins triggered by it, copies it waits for (swap-in k
+    of a tensor, or its swap-out as k = -1 when the swap is synchronized)."""
     pos = order.position
     outs: dict[int, list[tuple[str, int]]] = {}
     ins: dict[int, list[tuple[str, int, int]]] = {}
@@ -143,6 +145,11 @@ def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
             ins.setdefault(pos[s.trigger], []).append((swap.tensor, k, swap.nbytes))
             for c in s.consumers:
                 waits.setdefault(pos[c], []).append((swap.tensor, k))
+        if swap.sync:
+            rerouted = swap.rerouted
+            for c in dict.fromkeys(graph.tensors[swap.tensor].consumers):
+                if c not in rerouted:
+                    waits.setdefault(pos[c], []).append((swap.tensor, -1))
     return outs, ins, waits
 
 
@@ -174,6 +181,7 @@ class _Streams:
     def swap_out(self, tensor: str, nbytes: int, at: float) -> None:
         begin = max(at, self.d2h_free)
         self.d2h_free = self.out_done[tensor] = begin + nbytes / self.link.d2h
+        self.arrived[(tensor, -1)] = self.d2h_free
         self.transfers.append((tensor, "d2h", nbytes, begin, self.d2h_free))
 
     def swap_in(self, tensor: str, k: int, nbytes: int, at: float) -> None:

@@ -188,3 +188,24 @@ def test_diamond_event_sequence_with_one_fused_swap_in() -> None:
         ("FREE", 8, "gradient_tape/c:0", 256, 0),
     ]
     assert r.peak_bytes == 7424 and r.memory.peak_op == "gradient_tape/b"
+
+
+def test_synchronized_swap_out_holds_forward_readers_until_the_copy_is_done() -> None:
+    g = training_chain()
+    timeline = Timeline.build(compile_program(g).order, {n: 1.0 for n in g.ops})
+    link = Link(1024 / 3.5, 1e9)  # 3.5 s to copy 1 KiB out
+    plan = plan_for(g, sync_out=True)
+    assert all(s.sync for s in plan.swaps)
+    r = simulate_plan(compile_program(g), g, plan, timeline=timeline, link=link)
+    assert r.time is not None
+    # f1 ends at t=2, its copy at t=5.5: f2 (step 2) waits 3.5 s, and so does f3 for f2's copy
+    assert r.time.stalls[2] == pytest.approx(3.5)
+    assert r.time.stalls[3] == pytest.approx(3.5)
+    f1_free = next(e.step for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "f1:0")
+    assert f1_free == 2  # freed when f2 ends; unsynchronized it lingers to step 5
+
+
+def test_sync_survives_the_plan_round_trip() -> None:
+    g = training_chain()
+    plan = plan_for(g, sync_out=True)
+    assert SwapPlan.from_dict(plan.to_dict()) == plan

@@ -1,0 +1,192 @@
+"""A step at any batch size from two captures, and the largest batch each method fits.
+
+`StepFamily` captures the step at two batch sizes, fits the affine family of graphs
+(`simulator.scaling`) and Grappler's per-op costs at both, and builds an engine for any batch on
+demand. `largest_batches` then searches the batch size for each method: no swapping, the
+original tool's defaults, its auto-tuner, random search and ours, with tuning inside.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.engine import Engine
+from autotune.search import (
+    Budget,
+    Outcome,
+    in_memory_study,
+    largest,
+    original_autotuner,
+    random_search,
+    run_study,
+    single_plan,
+)
+from rewriter.capture import Captured
+from rewriter.plan import PlanParams
+from simulator import DevicePreset, lower_bound_bytes
+from simulator.scaling import BatchFamily, affine_costs
+
+__all__ = ["METHODS", "BatchSearch", "StepFamily", "largest_batches"]
+
+#: Capture batches: any two from 2 fix the memory exactly; costs are extrapolated along a line,
+#: which from 16 and 32 predicted Grappler's ResNet-50 step at 128 within 0.1 %.
+CAPTURE_BATCHES = (16, 32)
+METHODS = ("no swapping", "original defaults", "original auto-tuner", "random search", "ours")
+
+
+@dataclass
+class StepFamily:
+    """Engines for one step at any batch size >= 2 on one device preset."""
+
+    family: BatchFamily
+    costs: tuple[dict[str, float], dict[str, float]] | None
+    device: DevicePreset | None
+    trace_seconds: float
+    _engines: dict[int, Engine] = field(default_factory=dict)
+
+    @classmethod
+    def capture(
+        cls,
+        capture_at: Callable[[int], Captured],
+        device: DevicePreset | None,
+        batches: tuple[int, int] = CAPTURE_BATCHES,
+        on_stage: Callable[[str], None] | None = None,
+    ) -> StepFamily:
+        """Capture at `batches` (calling `on_stage` before each stage, for a progress bar)."""
+        caps, costs, seconds = [], [], 0.0
+        for b in batches:
+            if on_stage:
+                on_stage(f"tracing at batch {b}")
+            cap = capture_at(b)
+            caps.append(cap)
+            seconds += cap.trace_seconds
+            if device is not None:
+                if on_stage:
+                    on_stage(f"estimating op costs at batch {b}")
+                costs.append(_costs(cap, device))
+        family = BatchFamily.fit(caps[0].graph, batches[0], caps[1].graph, batches[1])
+        pair = (costs[0], costs[1]) if costs else None
+        return cls(family, pair, device, seconds)
+
+    def engine(self, batch: int) -> Engine:
+        """The engine at `batch` (cached)."""
+        if batch not in self._engines:
+            cost = None
+            if self.costs is not None:
+                a, b = self.family.a, self.family.b
+                cost = affine_costs(self.costs[0], a, self.costs[1], b, batch)
+            graph = self.family.at(batch)
+            self._engines[batch] = Engine.build(graph, device=self.device, cost=cost)
+        return self._engines[batch]
+
+    def lower_bound(self, batch: int) -> int:
+        return lower_bound_bytes(self.family.at(batch))
+
+
+def _costs(captured: Captured, device: DevicePreset) -> dict[str, float]:
+    from rewriter.costs import grappler_costs
+
+    return grappler_costs(captured.concrete_function, device)[0]
+
+
+@dataclass
+class BatchSearch:
+    """The largest batch one method fits, its outcome there, and the search's cost."""
+
+    method: str
+    batch: int
+    outcome: Outcome | None
+    probes: int
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        o = self.outcome
+        return {
+            "method": self.method,
+            "max_batch": self.batch,
+            "overhead": o.best.overhead if o and o.best else None,
+            "peak_bytes": o.best.peak_bytes if o and o.best else None,
+            "params": o.best.params.to_dict() if o and o.best else None,
+            "probes": self.probes,
+            "seconds": self.seconds,
+        }
+
+
+def method_at(
+    steps: StepFamily, method: str, batch: int, budget: Budget, trials: int, seed: int
+) -> Outcome:
+    """Run `method` on the step at `batch`."""
+    engine = steps.engine(batch)
+    if method == "no swapping":
+        return single_plan(engine, PlanParams(n_tensors=0), budget, method)
+    if method == "original defaults":
+        return single_plan(engine, PlanParams(), budget, method)
+    if method == "original auto-tuner":
+        return original_autotuner(engine, budget)
+    if method == "random search":
+        return random_search(engine, budget, trials, seed)
+    if method == "ours":
+        return run_study(engine, budget, in_memory_study("tpe", seed), trials)
+    raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def largest_possible(steps: StepFamily, budget: Budget) -> int:
+    """The largest batch whose lower bound fits: no plan can fit a larger one (0 if none)."""
+    if steps.lower_bound(2) > budget.bytes:
+        return 0
+    hi = 4
+    while steps.lower_bound(hi) <= budget.bytes:
+        hi *= 2
+    return largest(lambda b: steps.lower_bound(b) <= budget.bytes, hi // 2, hi)
+
+
+def largest_batch(
+    steps: StepFamily,
+    method: str,
+    budget: Budget,
+    *,
+    trials: int,
+    seed: int,
+    low: int,
+    high: int,
+    on_probe: Callable[[str, int], None] | None = None,
+) -> BatchSearch:
+    """Binary search of the batch in [low, high] for `method` (its outcome at the result)."""
+    start = time.perf_counter()
+    outcomes: dict[int, Outcome] = {}
+
+    def fits(batch: int) -> bool:
+        if on_probe:
+            on_probe(method, batch)
+        outcomes[batch] = method_at(steps, method, batch, budget, trials, seed)
+        return outcomes[batch].fits
+
+    if high < low or not fits(low):
+        return BatchSearch(method, 0, None, len(outcomes), time.perf_counter() - start)
+    best = largest(fits, low, high)
+    return BatchSearch(method, best, outcomes[best], len(outcomes), time.perf_counter() - start)
+
+
+def largest_batches(
+    steps: StepFamily,
+    budget: Budget,
+    *,
+    trials: int,
+    seed: int,
+    methods: tuple[str, ...] = METHODS,
+    on_probe: Callable[[str, int], None] | None = None,
+) -> dict[str, BatchSearch]:
+    """The largest batch of every method; swapping methods search above the no-swap batch."""
+    ceiling = largest_possible(steps, budget)
+    out: dict[str, BatchSearch] = {}
+    kw = {"trials": trials, "seed": seed, "on_probe": on_probe}
+    no_swap = largest_batch(steps, "no swapping", budget, low=2, high=ceiling, **kw)  # type: ignore[arg-type]
+    out["no swapping"] = no_swap
+    for method in methods:
+        if method != "no swapping":
+            low = max(2, no_swap.batch)
+            out[method] = largest_batch(steps, method, budget, low=low, high=ceiling, **kw)  # type: ignore[arg-type]
+    return out

@@ -1,0 +1,56 @@
+"""Progress bars on stderr for the long stages: tracing, the batch search and the trials."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """tqdm bars when `enabled`; every method is a no-op otherwise."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._stage: Any = None
+
+    def _bar(self, total: int | None, desc: str, unit: str) -> Any:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+
+    def stage(self, text: str) -> None:
+        """Start a stage (tracing, cost estimates): one tick per stage, the text as postfix."""
+        if not self.enabled:
+            return
+        if self._stage is None:
+            self._stage = self._bar(None, "preparing", "stage")
+        else:
+            self._stage.update(1)
+        self._stage.set_postfix_str(text)
+
+    def probe(self, method: str, batch: int) -> None:
+        """One batch size tried by the batch search."""
+        self.stage(f"{method}: batch {batch}")
+
+    def done(self) -> None:
+        if self._stage is not None:
+            self._stage.update(1)
+            self._stage.close()
+            self._stage = None
+
+    def trials(self, total: int, already: int = 0) -> list[Any]:
+        """Optuna callbacks that advance a trial bar (empty when disabled)."""
+        if not self.enabled:
+            return []
+        self.done()
+        bar = self._bar(total, "trials", "trial")
+        bar.update(min(already, total))
+
+        def callback(study: Any, trial: Any) -> None:
+            bar.update(1)
+            if bar.n >= total:
+                bar.close()
+
+        return [callback]

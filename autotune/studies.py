@@ -1,0 +1,76 @@
+"""Tuning studies that survive: kept in an Optuna database, resumed where they stopped.
+
+By default a study lives in `study.db` (SQLite) in the output folder; any Optuna database URL
+(PostgreSQL, MySQL, SQLite elsewhere) works too, so several workers or machines can share one
+study. Every finished trial is committed as it ends, so an interrupted run loses at most the
+trials that were running, and running the same command again finishes the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from autotune.search import quiet_optuna, sampler
+
+__all__ = ["StorageError", "default_storage", "open_study", "study_name"]
+
+
+class StorageError(ValueError):
+    """The study storage cannot be opened or the study in it does not match."""
+
+
+def default_storage(out: Path) -> str:
+    """The SQLite URL of the study file in `out` (created if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(out / 'study.db').resolve()}"
+
+
+def study_name(model: str, batch: int | str, device: str, budget_bytes: int) -> str:
+    """A name that changes whenever the search space or the budget does."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name)
+    return f"{base}-b{batch}-{device}-{budget_bytes}B"
+
+
+def _storage(url: str) -> Any:
+    import optuna
+    import sqlalchemy.exc
+
+    try:
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {},
+        )
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, OSError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise StorageError(f"cannot open study storage {url!r}: {first}") from None
+
+
+def open_study(url: str, name: str, *, seed: int, objectives: int = 1, shared: bool = False) -> Any:
+    """Create the study `name` in `url`, or load it to resume; seeded TPE with the budget
+    constraint. A stored study with another number of objectives is refused.
+
+    A fresh study is seeded with `seed` (reproducible). A resumed one adds the number of trials
+    it holds, so it does not repeat its first proposals; in `shared` storage each worker also
+    adds its process id, so that workers started together explore different plans."""
+    import optuna
+
+    storage = _storage(url)
+    directions: list[Any] = ["minimize"] * objectives
+    try:
+        with quiet_optuna():
+            study = optuna.create_study(
+                storage=storage,
+                study_name=name,
+                directions=directions,
+                sampler=sampler("tpe", seed, objectives),
+                load_if_exists=True,
+            )
+    except ValueError as err:
+        raise StorageError(f"study {name!r} in {url!r} does not match: {err}") from None
+    offset = len(study.trials) + (os.getpid() if shared else 0)
+    if offset:
+        study.sampler = sampler("tpe", seed + offset, objectives)
+    return study

@@ -1,0 +1,374 @@
+"""`autotune.fit`: the fastest swap plan that fits a memory budget, and a step that uses it.
+
+`fit` captures the step (or a Keras model's training step), checks the budget against the lower
+bound and the no-swap peak, runs the baselines and our Optuna search on the same engine, and
+returns a `TunedGraph`: callable like the step, with the parameters, the plan, the prediction,
+the rewritten GraphDef, the study and `report(dir)`. With `max_batch=True` it first finds the
+largest batch each method fits (from two captures, see `autotune.batching`), then tunes there.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.batching import BatchSearch, StepFamily, largest_batches
+from autotune.engine import Engine, Evaluation
+from autotune.progress import Progress
+from autotune.search import DEFAULT_SAFETY_RATIO, Budget, Outcome, run_study
+from autotune.studies import default_storage, open_study, study_name
+from autotune.units import format_bytes
+from rewriter.capture import Captured
+from rewriter.plan import PlanParams
+from simulator import DevicePreset, SwapPlan, get_preset
+
+__all__ = ["BudgetError", "NoFitError", "TunedGraph", "fit", "tune_captured"]
+
+DEFAULT_DEVICE = "v100-16gb-nvlink2"
+DEFAULT_TRIALS = 50
+
+
+class BudgetError(ValueError):
+    """No plan can fit the budget: it is below the lower bound."""
+
+
+class NoFitError(ValueError):
+    """The search found no plan that fits (the study keeps its trials for a resumed search)."""
+
+
+def _sized(nbytes: int) -> str:
+    return f"{format_bytes(nbytes)} ({nbytes} B)"
+
+
+@dataclass
+class TunedGraph:
+    """The tuned step and everything the tuning found; call it like the original step."""
+
+    batch_size: int | None
+    budget: Budget
+    device: DevicePreset
+    evaluation: Evaluation
+    baseline: Evaluation
+    lower_bound_bytes: int
+    study: Any
+    outcomes: dict[str, Outcome]
+    tuning_seconds: float
+    trace_seconds: float
+    captured: Captured | None = None
+    batches: dict[str, BatchSearch] | None = None
+    _step: Any = field(default=None, repr=False)
+
+    @property
+    def fits_without_swapping(self) -> bool:
+        return self.baseline.peak_bytes <= self.budget.bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.evaluation.peak_bytes <= self.budget.bytes
+
+    def check_fits(self) -> TunedGraph:
+        """Self, or NoFitError in the form: target, achieved, original (GiB and bytes)."""
+        if not self.fits:
+            raise NoFitError(
+                f"no plan found fits: best peak {_sized(self.predicted_peak_bytes)} exceeds the "
+                f"budget {_sized(self.budget.bytes)}, from {_sized(self.baseline.peak_bytes)} "
+                "without swapping; the trials are kept: resume with more trials or a larger budget"
+            )
+        return self
+
+    @property
+    def params(self) -> PlanParams:
+        return self.evaluation.params
+
+    @property
+    def plan(self) -> SwapPlan:
+        return self.evaluation.plan
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        return self.evaluation.peak_bytes
+
+    @property
+    def predicted_step_seconds(self) -> float | None:
+        return self.evaluation.step_seconds
+
+    @property
+    def predicted_overhead(self) -> float | None:
+        return self.evaluation.overhead
+
+    @property
+    def step(self) -> Any:
+        """The tuned step (rewritten on first use), or the original when nothing is swapped."""
+        if self._step is None:
+            if self.captured is None:
+                raise ValueError("this result holds no captured step to rewrite")
+            if not self.plan.swaps:
+                self._step = self.captured.concrete_function
+            else:
+                from autotune.verify import rewrite_captured
+
+                self._step = rewrite_captured(self.captured, self.params)
+        return self._step
+
+    def __call__(self, *args: Any) -> Any:
+        return self.step(*args)
+
+    @property
+    def graph_def(self) -> Any:
+        """The rewritten GraphDef (the original one when nothing is swapped)."""
+        step = self.step
+        return step.graph_def if hasattr(step, "graph_def") else step.graph.as_graph_def()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields of `autotune fit --json` and of summary.json."""
+        out: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "device": self.device.name,
+            "gpu_memory_bytes": self.budget.device_bytes,
+            "safety_ratio": self.budget.ratio,
+            "budget_bytes": self.budget.bytes,
+            "fits_without_swapping": self.fits_without_swapping,
+            "params": self.params.to_dict(),
+            "swapped_tensors": len(self.plan.swaps),
+            "swapped_bytes": self.plan.swapped_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_host_peak_bytes": self.evaluation.result.host_peak_bytes,
+            "predicted_step_seconds": self.predicted_step_seconds,
+            "predicted_overhead": self.predicted_overhead,
+            "baseline_peak_bytes": self.baseline.peak_bytes,
+            "baseline_step_seconds": self.baseline.step_seconds,
+            "lower_bound_bytes": self.lower_bound_bytes,
+            "trials": len(self.study.trials) if self.study is not None else 0,
+            "tuning_seconds": self.tuning_seconds,
+            "trace_seconds": self.trace_seconds,
+            "methods": {k: o.summary() for k, o in self.outcomes.items()},
+        }
+        if self.batches is not None:
+            out["max_batch_no_swap"] = self.batches["no swapping"].batch
+            out["max_batch_tuned"] = self.batches["ours"].batch
+            out["baselines"] = {k: b.summary() for k, b in self.batches.items() if k != "ours"}
+        return out
+
+    def report(self, directory: str | Path) -> Path:
+        """Write summary.json, plan.json, trials.csv and report.md into `directory`."""
+        from autotune.report import write_report
+
+        return write_report(self, Path(directory))
+
+
+def check_budget(engine: Engine, budget: Budget) -> None:
+    """BudgetError when even a perfect plan could not fit."""
+    if engine.lower_bound > budget.bytes:
+        need = math.ceil(engine.lower_bound / budget.ratio)
+        raise BudgetError(
+            f"budget {_sized(budget.bytes)} ({budget.ratio:.2f} of {_sized(budget.device_bytes)}) "
+            f"is below the lower bound {_sized(engine.lower_bound)}: no plan fits; the smallest "
+            f"device memory that could ever fit is {_sized(need)}"
+        )
+
+
+def tune_captured(
+    captured: Captured,
+    engine: Engine,
+    budget: Budget,
+    *,
+    trials: int,
+    seed: int,
+    storage: str,
+    name: str,
+    objectives: int = 1,
+    batch_size: int | None = None,
+    progress: Progress | None = None,
+    shared: bool = False,
+) -> TunedGraph:
+    """Tune one captured step on its engine: baselines, then our study (resumed if stored)."""
+    check_budget(engine, budget)
+    start = time.perf_counter()
+    baseline = engine.evaluate(PlanParams(n_tensors=0))
+    outcomes: dict[str, Outcome] = {}
+    study = None
+    if baseline.peak_bytes <= budget.bytes:
+        best = baseline
+    else:
+        outcomes = _baselines(engine, budget, trials, seed)
+        study = open_study(storage, name, seed=seed, objectives=objectives, shared=shared)
+        callbacks = (progress or Progress(False)).trials(trials, _finished(study))
+        ours = run_study(engine, budget, study, trials, objectives=objectives, callbacks=callbacks)
+        outcomes["ours"] = ours
+        best = ours.best or ours.nearest or baseline
+    return TunedGraph(
+        batch_size,
+        budget,
+        engine.device or get_preset(DEFAULT_DEVICE),
+        best,
+        baseline,
+        engine.lower_bound,
+        study,
+        outcomes,
+        time.perf_counter() - start,
+        captured.trace_seconds,
+        captured,
+    )
+
+
+def _finished(study: Any) -> int:
+    import optuna
+
+    return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def _baselines(engine: Engine, budget: Budget, trials: int, seed: int) -> dict[str, Outcome]:
+    from autotune.search import original_autotuner, random_search, single_plan
+
+    return {
+        "no swapping": single_plan(engine, PlanParams(n_tensors=0), budget, "no swapping"),
+        "original defaults": single_plan(engine, PlanParams(), budget, "original defaults"),
+        "original auto-tuner": original_autotuner(engine, budget),
+        "random search": random_search(engine, budget, trials, seed),
+    }
+
+
+def fit(
+    step_or_model: Any,
+    *example_args: Any,
+    gpu_memory: int | str | None = None,
+    device: str | DevicePreset = DEFAULT_DEVICE,
+    trials: int = DEFAULT_TRIALS,
+    seed: int = 0,
+    storage: str | None = None,
+    study: str | None = None,
+    out: str | Path = "autotune-out",
+    safety_ratio: float = DEFAULT_SAFETY_RATIO,
+    objectives: int = 1,
+    max_batch: bool = False,
+    progress: bool = False,
+    loss: Any = None,
+    optimizer: Any = None,
+    batch_size: int | None = None,
+    input_shape: tuple[int, ...] | None = None,
+) -> TunedGraph:
+    """Find the fastest swap plan whose predicted peak fits `gpu_memory` x `safety_ratio` on
+    `device` (a preset name; `gpu_memory` defaults to its memory) and return the tuned step.
+
+    `step_or_model` is a tf.function with example args (tensors or TensorSpecs), or a Keras
+    model with `loss=`, `optimizer=` and `batch_size=`. The study is stored in `storage` (an
+    Optuna database URL; default SQLite in `out`) under `study`, and resumed if it exists.
+    With `max_batch=True` the batch size is searched (the batch is the leading dimension of
+    every example argument) and the step is tuned at the largest batch that fits.
+    """
+    _check_options(trials, objectives)
+    preset = get_preset(device) if isinstance(device, str) else device
+    budget = Budget(_memory(gpu_memory, preset), safety_ratio)
+    capture_at = _capturer(step_or_model, example_args, loss, optimizer, batch_size, input_shape)
+    bars = Progress(progress)
+    url = storage or default_storage(Path(out))
+    if max_batch:
+        opts = {"trials": trials, "seed": seed, "storage": url, "objectives": objectives,
+                "shared": storage is not None}  # fmt: skip
+        return _fit_max_batch(capture_at, preset, budget, study, bars, **opts)
+    bars.stage("tracing the step")
+    captured = capture_at(None)
+    bars.stage("estimating op costs")
+    batch = _batch_of(captured)
+    engine = _engine(captured, preset)
+    name = study or study_name(_model_name(step_or_model), batch or "x", preset.name, budget.bytes)
+    bars.stage("baselines")
+    tuned = tune_captured(
+        captured, engine, budget, trials=trials, seed=seed, storage=url, name=name,
+        objectives=objectives, batch_size=batch, progress=bars, shared=storage is not None,
+    )  # fmt: skip
+    return tuned.check_fits()
+
+
+def _check_options(trials: int, objectives: int) -> None:
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, got {trials}")
+    if objectives not in (1, 2):
+        raise ValueError(f"objectives must be 1 (time) or 2 (peak and time), got {objectives}")
+
+
+def _memory(gpu_memory: int | str | None, preset: DevicePreset) -> int:
+    from autotune.units import parse_size
+
+    if gpu_memory is None:
+        return preset.memory_bytes
+    return parse_size(gpu_memory) if isinstance(gpu_memory, str) else int(gpu_memory)
+
+
+def _engine(captured: Captured, preset: DevicePreset) -> Engine:
+    from autotune.api import build_engine
+
+    return build_engine(captured, preset, "analytical")
+
+
+def _model_name(step_or_model: Any) -> str:
+    return str(getattr(step_or_model, "name", None) or getattr(step_or_model, "__name__", "step"))
+
+
+def _batch_of(captured: Captured) -> int | None:
+    dims = [s.shape[0] for s in captured.specs if len(s.shape)]
+    return int(dims[0]) if dims and dims[0] is not None else None
+
+
+def _capturer(
+    step: Any,
+    example_args: tuple[Any, ...],
+    loss: Any,
+    optimizer: Any,
+    batch_size: int | None,
+    input_shape: tuple[int, ...] | None,
+) -> Callable[[int | None], Captured]:
+    """capture(batch): the step captured at `batch` (None: as given)."""
+    from autotune.api import capture
+    from rewriter.capture import to_specs
+
+    def at(batch: int | None) -> Captured:
+        if batch is None:
+            kw = {"loss": loss, "optimizer": optimizer, "batch_size": batch_size}
+            return capture(step, *example_args, **kw, input_shape=input_shape)
+        if example_args:
+            specs = [_with_batch(s, batch) for s in to_specs(example_args)]
+            return capture(step, *specs, loss=loss, optimizer=optimizer)
+        return capture(step, loss=loss, optimizer=optimizer, batch_size=batch)
+
+    return at
+
+
+def _with_batch(spec: Any, batch: int) -> Any:
+    import tensorflow as tf
+
+    if not len(spec.shape):
+        raise ValueError(f"argument {spec.name or ''} is a scalar: it has no batch dimension")
+    return tf.TensorSpec([batch, *spec.shape[1:]], spec.dtype, name=spec.name)
+
+
+def _fit_max_batch(
+    capture_at: Callable[[int | None], Captured],
+    preset: DevicePreset,
+    budget: Budget,
+    study: str | None,
+    bars: Progress,
+    **opts: Any,
+) -> TunedGraph:
+    """Capture at two batches, find each method's largest batch, tune ours there (`opts` are
+    tune_captured's: trials, seed, storage, objectives, shared)."""
+    trials, seed = opts["trials"], opts["seed"]
+    steps = StepFamily.capture(capture_at, preset, on_stage=bars.stage)
+    batches = largest_batches(steps, budget, trials=trials, seed=seed, on_probe=bars.probe)
+    best = batches["ours"].batch or batches["no swapping"].batch
+    if best == 0:
+        check_budget(steps.engine(2), budget)
+    bars.stage(f"tracing at batch {best}")
+    captured = capture_at(best)
+    engine = steps.engine(best)
+    name = study or study_name("step", f"max{best}", preset.name, budget.bytes)
+    tuned = tune_captured(
+        captured, engine, budget, name=name, batch_size=best, progress=bars, **opts
+    )
+    tuned.batches = batches
+    tuned.trace_seconds += steps.trace_seconds
+    return tuned.check_fits()

@@ -1,0 +1,141 @@
+"""A graph for any batch size from two captures: tensor sizes are affine in the batch size.
+
+Capturing a step anew for every batch size a search probes is too slow (ResNet-50 takes about
+15 s a trace). A training step's graph has the same ops and edges at every batch size from 2 on,
+and each tensor's shape dimensions, and so its bytes, are affine in the batch size (REFERENCE.md:
+ResNet-50 at 2, 3 and 7). So two captures at batches `a` and `b` fix every size exactly, and
+`BatchFamily.at(n)` builds the graph at batch `n` without TensorFlow. `fit` refuses two graphs
+that differ in anything but sizes, or sizes that are not whole steps per sample; batch 1 is
+refused because its gradient graph differs (some reduction indices are folded there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.graph import Graph, Op, Tensor
+
+__all__ = ["BatchFamily", "ScalingError", "affine_costs"]
+
+MIN_BATCH = 2
+
+
+class ScalingError(ValueError):
+    """Two captures do not form an affine family, or a batch size is outside it."""
+
+
+@dataclass(frozen=True)
+class _Slope:
+    nbytes: int
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BatchFamily:
+    """The graphs of one step at every batch size >= 2, from captures at batches `a` and `b`."""
+
+    base: Graph
+    a: int
+    b: int
+    slopes: dict[str, _Slope]
+    scratch: dict[str, int]
+
+    @classmethod
+    def fit(cls, graph_a: Graph, a: int, graph_b: Graph, b: int) -> BatchFamily:
+        """The family through two captures; ScalingError naming what differs if there is none."""
+        if min(a, b) < MIN_BATCH or a == b:
+            raise ScalingError(f"need two different batch sizes of at least 2, got {a} and {b}")
+        _same_structure(graph_a, graph_b)
+        steps = b - a
+        slopes = {
+            name: _slope(t, graph_b.tensors[name], steps) for name, t in graph_a.tensors.items()
+        }
+        scratch = {
+            name: _per_sample(op.scratch, graph_b.ops[name].scratch, steps, f"scratch of {name}")
+            for name, op in graph_a.ops.items()
+            if op.scratch or graph_b.ops[name].scratch
+        }
+        return cls(graph_a, a, b, slopes, scratch)
+
+    def at(self, batch: int) -> Graph:
+        """The graph at `batch`: the base graph with every size moved along its slope."""
+        if batch < MIN_BATCH:
+            raise ScalingError(
+                f"batch {batch} is outside the family (batch 1 differs); capture it directly"
+            )
+        k = batch - self.a
+        graph = Graph(self.base.name)
+        graph.functions = list(self.base.functions)
+        for op in self.base.ops.values():
+            scratch = op.scratch + k * self.scratch.get(op.name, 0)
+            graph.add_op(_copy_op(op, scratch), [self._tensor(n, k) for n in op.outputs])
+        graph.mark_outputs(list(self.base.outputs))
+        return graph
+
+    def _tensor(self, name: str, k: int) -> Tensor:
+        t, s = self.base.tensors[name], self.slopes[name]
+        shape = tuple(d + k * ds for d, ds in zip(t.shape, s.shape))
+        return Tensor(name, t.dtype, shape, t.nbytes + k * s.nbytes, "", t.kind)
+
+
+def _copy_op(op: Op, scratch: int) -> Op:
+    return Op(
+        op.name,
+        op.type,
+        list(op.inputs),
+        list(op.outputs),
+        list(op.control_inputs),
+        op.device,
+        dict(op.forwards),
+        op.inplace,
+        op.calls,
+        scratch,
+    )
+
+
+def _same_structure(ga: Graph, gb: Graph) -> None:
+    if list(ga.ops) != list(gb.ops):
+        missing = sorted(set(ga.ops) ^ set(gb.ops))[:3]
+        raise ScalingError(f"the two captures have different ops (e.g. {missing})")
+    for name, op in ga.ops.items():
+        other = gb.ops[name]
+        same = (op.type, op.inputs, op.outputs, op.forwards, op.inplace) == (
+            other.type,
+            other.inputs,
+            other.outputs,
+            other.forwards,
+            other.inplace,
+        ) and set(op.control_inputs) == set(other.control_inputs)
+        if not same:
+            raise ScalingError(f"op {name!r} differs between the two captures")
+    if ga.outputs != gb.outputs:
+        raise ScalingError("the two captures return different tensors")
+
+
+def _slope(ta: Tensor, tb: Tensor, steps: int) -> _Slope:
+    if (ta.dtype, ta.kind, len(ta.shape)) != (tb.dtype, tb.kind, len(tb.shape)):
+        raise ScalingError(f"tensor {ta.name!r} differs in dtype, kind or rank between captures")
+    shape = tuple(
+        _per_sample(da, db, steps, f"dimension {i} of {ta.name}")
+        for i, (da, db) in enumerate(zip(ta.shape, tb.shape))
+    )
+    return _Slope(_per_sample(ta.nbytes, tb.nbytes, steps, f"size of {ta.name}"), shape)
+
+
+def _per_sample(va: int, vb: int, steps: int, what: str) -> int:
+    if (vb - va) % steps:
+        raise ScalingError(f"the {what} is not affine in the batch size ({va} -> {vb})")
+    return (vb - va) // steps
+
+
+def affine_costs(
+    cost_a: dict[str, float], a: int, cost_b: dict[str, float], b: int, batch: int
+) -> dict[str, float]:
+    """Per-op seconds at `batch`, on the line through the estimates at `a` and `b` (never below
+    the smaller of the two: a kernel does not get faster on more data)."""
+    out = {}
+    for name, ca in cost_a.items():
+        cb = cost_b.get(name, ca)
+        value = ca + (cb - ca) * (batch - a) / (b - a)
+        out[name] = max(value, min(ca, cb))
+    return out

@@ -1,0 +1,65 @@
+import pytest
+
+from autotune.batching import METHODS, StepFamily, largest_batches, largest_possible
+from autotune.search import Budget
+from rewriter.plan import PlanParams
+from simulator import compile_program, get_preset, simulate_memory
+from simulator.scaling import BatchFamily
+
+pytestmark = pytest.mark.tf
+
+
+def capturer(name: str):  # type: ignore[no-untyped-def]
+    from autotune.api import capture
+    from autotune.zoo import get_entry
+
+    zm = get_entry(name).build()
+    return lambda b: capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b)
+
+
+@pytest.mark.parametrize("model", ["tiny-cnn", "tiny-transformer", "tiny-unet3d"])
+def test_two_captures_give_the_graph_of_a_third_exactly(model: str) -> None:
+    at = capturer(model)
+    family = BatchFamily.fit(at(2).graph, 2, at(3).graph, 3)
+    real, scaled = at(7).graph, family.at(7)
+    assert list(scaled.ops) == list(real.ops)
+    assert {n: (t.nbytes, t.shape, t.kind) for n, t in scaled.tensors.items()} == {
+        n: (t.nbytes, t.shape, t.kind) for n, t in real.tensors.items()
+    }
+    assert {n: o.scratch for n, o in scaled.ops.items()} == {
+        n: o.scratch for n, o in real.ops.items()
+    }
+    got = simulate_memory(compile_program(scaled))
+    want = simulate_memory(compile_program(real))
+    assert got.peak_bytes == want.peak_bytes and got.trace.rows == want.trace.rows
+
+
+@pytest.fixture(scope="module")
+def steps() -> StepFamily:
+    return StepFamily.capture(capturer("tiny-cnn"), get_preset("v100-16gb-nvlink2"), (4, 8))
+
+
+def test_engines_at_any_batch_carry_costs_that_grow_with_it(steps: StepFamily) -> None:
+    small, big = steps.engine(16), steps.engine(64)
+    assert small.timeline is not None and big.timeline is not None
+    assert big.timeline.baseline_seconds > small.timeline.baseline_seconds
+    assert steps.engine(16) is small  # cached
+
+
+def test_largest_batches_are_tight_and_ordered(steps: StepFamily) -> None:
+    budget = Budget(80 << 20, 0.95)
+    found = largest_batches(steps, budget, trials=12, seed=0)
+    assert set(found) == set(METHODS)
+    n = found["no swapping"].batch
+
+    def no_swap_peak(b: int) -> int:
+        return steps.engine(b).evaluate(PlanParams(n_tensors=0)).peak_bytes
+
+    assert no_swap_peak(n) <= budget.bytes < no_swap_peak(n + 1)
+    ceiling = largest_possible(steps, budget)
+    assert steps.lower_bound(ceiling) <= budget.bytes < steps.lower_bound(ceiling + 1)
+    for method, search in found.items():
+        assert search.batch <= ceiling
+        if method != "no swapping" and search.outcome and search.outcome.best:
+            assert search.outcome.best.peak_bytes <= budget.bytes
+    assert found["ours"].batch > n

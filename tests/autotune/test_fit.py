@@ -1,0 +1,118 @@
+import numpy as np
+import pytest
+
+import autotune
+from autotune.tuning import BudgetError
+
+pytestmark = pytest.mark.tf
+
+
+def make_step():  # type: ignore[no-untyped-def]
+    """A custom training loop step: eight dense layers, plain SGD on tf.Variables."""
+    import tensorflow as tf
+
+    shapes = [(64, 256)] + [(256, 256)] * 6 + [(256, 10)]
+    ws = [
+        tf.Variable(tf.random.stateless_normal(s, seed=[i, 1]) * 0.1) for i, s in enumerate(shapes)
+    ]
+
+    @tf.function
+    def step(x, y):  # type: ignore[no-untyped-def]
+        with tf.GradientTape() as tape:
+            h = x
+            for w in ws[:-1]:
+                h = tf.nn.relu(h @ w)
+            logits = h @ ws[-1]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+        for w, g in zip(ws, tape.gradient(loss, ws)):
+            w.assign_sub(0.1 * g)
+        return loss
+
+    return step, ws
+
+
+def specs(batch: int = 512):  # type: ignore[no-untyped-def]
+    import tensorflow as tf
+
+    return tf.TensorSpec([batch, 64], tf.float32), tf.TensorSpec([batch], tf.int32)
+
+
+def tight_budget(step, share: float = 0.5) -> int:  # type: ignore[no-untyped-def]
+    sim = autotune.simulate(step, *specs(), device="v100-16gb-nvlink2")
+    low, top = sim.lower_bound_bytes, sim.peak_bytes
+    return int(low + share * (top - low))
+
+
+def test_fit_tunes_a_custom_step_that_trains_exactly_like_the_original(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    step, ws = make_step()
+    budget = tight_budget(step)
+    tuned = autotune.fit(
+        step, *specs(), gpu_memory=budget, safety_ratio=1.0, trials=15, out=tmp_path
+    )
+    assert tuned.plan.swaps and tuned.predicted_peak_bytes <= budget
+    assert tuned.predicted_step_seconds > 0 and tuned.predicted_overhead >= 1.0
+    assert tuned.params.n_tensors != 0
+    assert len(tuned.study.trials) == 15
+    assert any("swap_out" in n.name for n in tuned.graph_def.node)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 64)).astype("float32")
+    y = rng.integers(0, 10, size=512).astype("int32")
+    start = [w.numpy() for w in ws]
+    want = step(x, y).numpy()
+    after = [w.numpy() for w in ws]
+    for w, v in zip(ws, start):
+        w.assign(v)
+    got = tuned(x, y)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert np.array_equal(np.asarray(got), want)
+    assert all(np.array_equal(w.numpy(), a) for w, a in zip(ws, after))
+
+
+def test_fit_a_keras_model_and_write_its_report(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from autotune.zoo import get_entry
+
+    zm = get_entry("tiny-cnn").build()
+    kw = {"loss": zm.loss, "optimizer": zm.optimizer, "batch_size": 256}
+    tuned = autotune.fit(zm.model, gpu_memory="80MiB", trials=10, out=tmp_path, **kw)
+    assert tuned.batch_size == 256 and tuned.plan.swaps
+    assert tuned.predicted_peak_bytes <= tuned.budget.bytes < tuned.baseline.peak_bytes
+    report = tuned.report(tmp_path / "report")
+    for name in ("summary.json", "plan.json", "trials.csv", "report.md"):
+        assert (report.parent / name).stat().st_size > 0
+    assert "original auto-tuner" in report.read_text()
+
+
+def test_a_budget_that_fits_without_swapping_returns_the_untouched_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    step, _ = make_step()
+    tuned = autotune.fit(step, *specs(), gpu_memory="16GiB", trials=5, out=tmp_path)
+    assert tuned.fits_without_swapping and not tuned.plan.swaps
+    assert tuned.study is None
+    assert tuned.step is tuned.captured.concrete_function
+
+
+def test_a_budget_below_the_lower_bound_names_the_smallest_that_could_fit(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    step, _ = make_step()
+    with pytest.raises(BudgetError, match=r"smallest device memory that could ever fit is .* B\)"):
+        autotune.fit(step, *specs(), gpu_memory=1 << 20, trials=5, out=tmp_path)
+
+
+@pytest.mark.parametrize("trials", [0, -3])
+def test_trials_must_be_positive(trials: int, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    step, _ = make_step()
+    with pytest.raises(ValueError, match="trials must be at least 1"):
+        autotune.fit(step, *specs(), gpu_memory="16GiB", trials=trials, out=tmp_path)
+
+
+def test_max_batch_for_a_custom_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    step, _ = make_step()
+    budget = tight_budget(step, 1.0)  # the no-swap peak at batch 512
+    tuned = autotune.fit(
+        step, *specs(), gpu_memory=budget, safety_ratio=1.0, trials=8, max_batch=True,
+        out=tmp_path,
+    )  # fmt: skip
+    d = tuned.to_dict()
+    assert d["max_batch_tuned"] == tuned.batch_size >= d["max_batch_no_swap"] >= 512
+    assert tuned.captured.specs[0].shape[0] == tuned.batch_size
+    assert set(d["baselines"]) == {
+        "no swapping", "original defaults", "original auto-tuner", "random search"
+    }  # fmt: skip

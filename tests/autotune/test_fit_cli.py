@@ -1,0 +1,186 @@
+"""`autotune fit` as a user runs it: output, report files, bad input, resume, two workers."""
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.autotune.cli_helpers import cli_json, run_cli
+
+pytestmark = pytest.mark.tf
+
+TINY = ("--model", "tiny-cnn", "--gpu-memory", "80MiB", "--quiet")
+
+
+def tf_log(line: str) -> bool:
+    """TensorFlow's own C++ start-up log lines (printed before its logging is set up)."""
+    return bool(re.match(r"[IWE]\d{4} ", line)) or line.startswith("WARNING: All log messages")
+
+
+def one_line_error(out: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip() and not tf_log(line)]
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_fit_json_and_report_files(tmp_path: Path) -> None:
+    out = cli_json("fit", *TINY, "--batch-size", "256", "--trials", "10", "--out", str(tmp_path))
+    for key in ("batch_size", "params", "predicted_peak_bytes", "predicted_overhead"):
+        assert out[key] is not None
+    assert out["tuning_seconds"] > 0 and out["batch_size"] == 256
+    assert out["predicted_peak_bytes"] <= out["budget_bytes"] < out["baseline_peak_bytes"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["params"] == out["params"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert len(plan["swaps"]) == out["swapped_tensors"] > 0
+    assert (tmp_path / "study.db").exists() and (tmp_path / "trials.csv").exists()
+
+
+def test_max_batch_json_has_every_baseline(tmp_path: Path) -> None:
+    out = cli_json("fit", *TINY, "--max-batch", "--trials", "8", "--out", str(tmp_path))
+    assert out["max_batch_tuned"] == out["batch_size"] > out["max_batch_no_swap"] > 0
+    assert set(out["baselines"]) == {
+        "no swapping", "original defaults", "original auto-tuner", "random search"
+    }  # fmt: skip
+    for b in out["baselines"].values():
+        assert b["max_batch"] >= 0 and "overhead" in b
+
+
+def test_table_output_and_a_model_from_the_users_file(tmp_path: Path) -> None:
+    src = tmp_path / "mymodel.py"
+    src.write_text(
+        "import keras\n"
+        "def build():\n"
+        "    inp = keras.Input((16, 16, 3))\n"
+        "    x = inp\n"
+        "    for _ in range(4):\n"
+        "        x = keras.layers.Conv2D(8, 3, padding='same', activation='relu')(x)\n"
+        "    x = keras.layers.GlobalAveragePooling2D()(x)\n"
+        "    m = keras.Model(inp, keras.layers.Dense(4)(x))\n"
+        "    m.compile(loss='sparse_categorical_crossentropy', optimizer='sgd')\n"
+        "    return m\n"
+    )
+    out = run_cli(
+        "fit", "--model", f"{src}:build", "--batch-size", "64", "--gpu-memory", "16GiB",
+        "--out", str(tmp_path / "out"), "--quiet",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "fits without swapping" in out.stdout and "lower bound" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "nope", "--batch-size", "8"], "unknown model 'nope'"),
+        (["--model", "tiny-cnn", "--batch-size", "8", "--device", "tpu"], "invalid choice"),
+        (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "0"], "positive integer"),
+        (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "-2"], "positive integer"),
+        (["--model", "tiny-cnn"], "--batch-size B or --max-batch"),
+        (["--model", "tiny-cnn", "--batch-size", "8", "--gpu-memory", "lots"], "size"),
+        (["--model", "nofile.py:build", "--batch-size", "8"], "does not exist"),
+        (
+            ["--model", "tiny-cnn", "--batch-size", "256", "--gpu-memory", "1MiB"],
+            "smallest device memory that could ever fit is",
+        ),
+        (
+            ["--model", "tiny-cnn", "--batch-size", "256", "--gpu-memory", "80MiB",
+             "--storage", "sqlite:////nonexistent/dir/study.db"],
+            "cannot open study storage",
+        ),
+        (
+            ["--model", "tiny-cnn", "--batch-size", "256", "--gpu-memory", "80MiB",
+             "--storage", "nosuchdb://x"],
+            "cannot open study storage",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    one_line_error(run_cli("fit", *args, "--out", str(tmp_path), "--quiet"), needle)
+
+
+def complete_trials(db: Path) -> list[tuple[int, str]]:
+    """(number, parameters) of the finished trials stored in the study file."""
+    if not db.exists():
+        return []
+    with sqlite3.connect(db, timeout=30) as con:
+        try:
+            rows = con.execute(
+                "SELECT t.number, group_concat(p.param_name || '=' || p.param_value) "
+                "FROM trials t JOIN trial_params p ON p.trial_id = t.trial_id "
+                "WHERE t.state = 'COMPLETE' GROUP BY t.trial_id ORDER BY t.number"
+            ).fetchall()
+        except sqlite3.OperationalError:
+            return []
+    return [(int(n), str(p)) for n, p in rows]
+
+
+def states(db: Path) -> list[str]:
+    with sqlite3.connect(db, timeout=30) as con:
+        return [s for (s,) in con.execute("SELECT state FROM trials")]
+
+
+def start_fit(out: Path, trials: int, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    args = ["fit", *TINY, "--batch-size", "256", "--trials", str(trials), "--out", str(out)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune.cli", *args, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_for_trials(db: Path, n: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 300
+    while len(complete_trials(db)) < n:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_interrupted_study_resumes_with_its_trials_kept(tmp_path: Path) -> None:
+    db = tmp_path / "study.db"
+    first = start_fit(tmp_path, 2000)
+    wait_for_trials(db, 4, first)
+    first.send_signal(signal.SIGINT)  # Ctrl-C
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 130 and "resume" in err and "Traceback" not in err
+    kept = complete_trials(db)
+    second = start_fit(tmp_path, 2000)
+    wait_for_trials(db, len(kept) + 3, second)
+    second.kill()  # no chance to clean up
+    second.wait(timeout=60)
+    survived = complete_trials(db)
+    assert survived[: len(kept)] == kept and len(survived) >= len(kept) + 3
+    total = len(survived) + 5
+    done = run_cli(*start_fit_args(tmp_path, total), "--json")
+    assert done.returncode == 0, done.stderr
+    final = complete_trials(db)
+    assert len(final) == total and final[: len(survived)] == survived
+    assert json.loads(done.stdout.splitlines()[-1])["trials"] >= total
+
+
+def start_fit_args(out: Path, trials: int) -> list[str]:
+    return ["fit", *TINY, "--batch-size", "256", "--trials", str(trials), "--out", str(out)]
+
+
+def test_two_workers_on_one_study_finish_the_trials_together(tmp_path: Path) -> None:
+    db = tmp_path / "shared.db"
+    extra = ("--storage", f"sqlite:///{db}", "--study", "shared")
+    workers = [start_fit(tmp_path / f"w{i}", 30, *extra) for i in range(2)]
+    for w in workers:
+        _, err = w.communicate(timeout=600)
+        assert w.returncode == 0, err
+    done = complete_trials(db)
+    assert 30 <= len(done) <= 31  # each stops once 30 are done; one may finish a last trial
+    assert [n for n, _ in done] == list(range(len(done)))  # none lost, none duplicated
+    assert set(states(db)) == {"COMPLETE"}

@@ -1,0 +1,146 @@
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.search import (
+    DEFAULT_SAFETY_RATIO,
+    Budget,
+    Space,
+    _original_search,
+    in_memory_study,
+    largest,
+    original_autotuner,
+    random_search,
+    run_study,
+    single_plan,
+)
+from rewriter.plan import PlanParams
+
+RESULTS = Path(__file__).parents[2] / "results" / "simulator_accuracy.json"
+
+
+def test_safety_ratio_covers_the_measured_error_of_full_size_models() -> None:
+    rows = json.loads(RESULTS.read_text())["rows"]
+    full = [r for r in rows if r["model"] in ("resnet50", "unet3d")]
+    assert len(full) >= 3
+    worst = min(r["predicted"] / r["measured"] for r in full)
+    # predicting <= ratio x memory keeps a real peak of predicted / worst within the memory
+    assert DEFAULT_SAFETY_RATIO <= worst < 1.0
+    assert worst - DEFAULT_SAFETY_RATIO < 0.05, "the margin is wider than the measured error"
+
+
+@pytest.mark.parametrize("memory,ratio", [(0, 0.9), (-5, 0.9), (1 << 30, 0.0), (1 << 30, 1.5)])
+def test_budget_rejects_nonsense(memory: int, ratio: float) -> None:
+    with pytest.raises(ValueError):
+        Budget(memory, ratio)
+
+
+def test_budget_is_the_share_of_memory() -> None:
+    assert Budget(1000, 0.9).bytes == 900
+
+
+def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
+    space = Space(candidates=20, levels=300)
+    trial = optuna.trial.FixedTrial(
+        {"n_tensors": 20, "lb": 40, "ub": 7, "threshold": 3, "groupby": 2, "trigger": "chain_rule",
+         "sync_out": True}
+    )  # fmt: skip
+    p = space.suggest(trial)
+    assert (p.n_tensors, p.lb, p.ub, p.threshold, p.groupby) == (-1, 7, 40, 3, 2)
+    assert p.trigger == "chain_rule" and p.sync_out
+
+
+@pytest.mark.parametrize("limit", [1, 2, 37, 99, 100])
+def test_largest_is_the_last_x_that_is_ok(limit: int) -> None:
+    assert largest(lambda x: x <= limit, 1, 100) == limit
+
+
+def test_original_search_runs_three_binary_searches_in_order() -> None:
+    calls = []
+
+    def fits(t: int, a: int, g: int) -> bool:
+        calls.append((t, a, g))
+        return t <= 37 and a <= 12 and g <= 5
+
+    assert _original_search(fits, levels=200) == (37, 12, 5)
+    first_ahead = next(i for i, c in enumerate(calls) if c[0] == 37 and c[1] > 1)
+    assert all(a == 1 for _, a, _ in calls[:first_ahead])  # threshold first, ahead fixed at 1
+    assert _original_search(lambda t, a, g: False, levels=200) is None
+
+
+def test_original_search_takes_full_grouping_when_it_fits() -> None:
+    assert _original_search(lambda t, a, g: t <= 3, levels=50) == (3, 50, 50)
+
+
+@pytest.fixture(scope="module")
+def engine():  # type: ignore[no-untyped-def]
+    from autotune.api import build_engine, capture
+    from autotune.zoo import get_entry
+    from simulator import get_preset
+
+    zm = get_entry("tiny-cnn").build()
+    captured = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=256)
+    return build_engine(captured, get_preset("v100-16gb-nvlink2"))
+
+
+def budget_at(engine, share: float) -> Budget:  # type: ignore[no-untyped-def]
+    """A budget `share` of the way from the lower bound to the no-swap peak."""
+    top = engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
+    return Budget(int(engine.lower_bound + share * (top - engine.lower_bound)), 1.0)
+
+
+@pytest.mark.tf
+def test_study_starts_from_the_original_defaults(engine) -> None:  # type: ignore[no-untyped-def]
+    out = run_study(engine, budget_at(engine, 0.6), in_memory_study("tpe", 0), 12)
+    first, second = out.study.trials[:2]
+    assert first.params == Space.of(engine).defaults()
+    assert second.params == Space.of(engine).least_memory()
+    assert first.user_attrs["plan_params"] == PlanParams().to_dict() | {
+        "ub": Space.of(engine).levels
+    }
+
+
+@pytest.mark.tf
+def test_best_fits_and_beats_every_feasible_trial(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.5)
+    out = run_study(engine, budget, in_memory_study("tpe", 1), 25)
+    assert out.best is not None and out.best.peak_bytes <= budget.bytes
+    feasible = [t for t in out.study.trials if t.user_attrs["peak_bytes"] <= budget.bytes]
+    assert out.best.step_seconds == min(t.user_attrs["step_seconds"] for t in feasible)
+
+
+@pytest.mark.tf
+def test_search_never_does_worse_than_the_defaults(engine) -> None:  # type: ignore[no-untyped-def]
+    defaults = engine.evaluate(PlanParams())
+    budget = Budget(defaults.peak_bytes, 1.0)  # the defaults just fit
+    out = run_study(engine, budget, in_memory_study("tpe", 2), 15)
+    assert out.best is not None
+    assert out.best.step_seconds <= defaults.step_seconds
+
+
+@pytest.mark.tf
+def test_same_seed_same_trials(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.5)
+    runs = [run_study(engine, budget, in_memory_study("tpe", 7), 12) for _ in range(2)]
+    params = [[t.params for t in r.study.trials] for r in runs]
+    assert params[0] == params[1]
+
+
+@pytest.mark.tf
+def test_baselines_report_their_nearest_plan_when_they_do_not_fit(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = Budget(engine.lower_bound, 1.0)
+    none = single_plan(engine, PlanParams(n_tensors=0), budget, "no swapping")
+    assert not none.fits and none.summary()["peak_bytes"] > budget.bytes
+    rnd = random_search(engine, budget, 5, seed=0)
+    assert rnd.evaluations == 5 and rnd.summary()["peak_bytes"] is not None
+
+
+@pytest.mark.tf
+def test_original_autotuner_fits_by_its_memory_only_simulation(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.8)
+    out = original_autotuner(engine, budget)
+    params = PlanParams.from_dict(out.summary()["params"])
+    assert params.n_tensors == -1 and params.ub - params.lb == 9
+    assert engine.evaluate(params, timed=False).peak_bytes <= budget.bytes
