@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.engine import Engine
 from autotune.search import (
@@ -29,7 +29,7 @@ from rewriter.plan import PlanParams
 from simulator import DevicePreset, lower_bound_bytes
 from simulator.scaling import BatchFamily, affine_costs
 
-__all__ = ["METHODS", "BatchSearch", "StepFamily", "largest_batches"]
+__all__ = ["METHODS", "BatchSearch", "CapturedSteps", "StepFamily", "Steps", "largest_batches"]
 
 #: Capture batches: any two from 2 fix the memory exactly; costs are extrapolated along a line,
 #: which from 16 and 32 predicted Grappler's ResNet-50 step at 128 within 0.1 %.
@@ -86,6 +86,37 @@ class StepFamily:
         return lower_bound_bytes(self.family.at(batch))
 
 
+class Steps(Protocol):
+    """What the size search needs: an engine and a lower bound at any size n >= 2."""
+
+    def engine(self, n: int) -> Engine: ...
+
+    def lower_bound(self, n: int) -> int: ...
+
+
+@dataclass
+class CapturedSteps:
+    """Engines from a capture at every size asked for (for sizes that are not affine, such as
+    a 3D U-Net's cube edge); each capture is kept."""
+
+    capture_at: Callable[[int], Captured]
+    device: DevicePreset | None
+    trace_seconds: float = 0.0
+    _engines: dict[int, Engine] = field(default_factory=dict)
+
+    def engine(self, n: int) -> Engine:
+        if n not in self._engines:
+            from autotune.api import build_engine
+
+            cap = self.capture_at(n)
+            self.trace_seconds += cap.trace_seconds
+            self._engines[n] = build_engine(cap, self.device)
+        return self._engines[n]
+
+    def lower_bound(self, n: int) -> int:
+        return self.engine(n).lower_bound
+
+
 def _costs(captured: Captured, device: DevicePreset) -> dict[str, float]:
     from rewriter.costs import grappler_costs
 
@@ -116,7 +147,7 @@ class BatchSearch:
 
 
 def method_at(
-    steps: StepFamily, method: str, batch: int, budget: Budget, trials: int, seed: int
+    steps: Steps, method: str, batch: int, budget: Budget, trials: int, seed: int
 ) -> Outcome:
     """Run `method` on the step at `batch`."""
     engine = steps.engine(batch)
@@ -129,11 +160,19 @@ def method_at(
     if method == "random search":
         return random_search(engine, budget, trials, seed)
     if method == "ours":
-        return run_study(engine, budget, in_memory_study("tpe", seed), trials)
+        starts = _original_pick(engine, budget)
+        return run_study(engine, budget, in_memory_study("tpe", seed), trials, starts=starts)
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
-def largest_possible(steps: StepFamily, budget: Budget) -> int:
+def _original_pick(engine: Engine, budget: Budget) -> tuple[PlanParams, ...]:
+    """The original auto-tuner's parameters (a warm start for ours), if it found any."""
+    o = original_autotuner(engine, budget)
+    shown = o.best or o.nearest
+    return (shown.params,) if shown is not None else ()
+
+
+def largest_possible(steps: Steps, budget: Budget) -> int:
     """The largest batch whose lower bound fits: no plan can fit a larger one (0 if none)."""
     if steps.lower_bound(2) > budget.bytes:
         return 0
@@ -144,7 +183,7 @@ def largest_possible(steps: StepFamily, budget: Budget) -> int:
 
 
 def largest_batch(
-    steps: StepFamily,
+    steps: Steps,
     method: str,
     budget: Budget,
     *,
@@ -171,7 +210,7 @@ def largest_batch(
 
 
 def largest_batches(
-    steps: StepFamily,
+    steps: Steps,
     budget: Budget,
     *,
     trials: int,
@@ -181,12 +220,16 @@ def largest_batches(
 ) -> dict[str, BatchSearch]:
     """The largest batch of every method; swapping methods search above the no-swap batch."""
     ceiling = largest_possible(steps, budget)
-    out: dict[str, BatchSearch] = {}
-    kw = {"trials": trials, "seed": seed, "on_probe": on_probe}
-    no_swap = largest_batch(steps, "no swapping", budget, low=2, high=ceiling, **kw)  # type: ignore[arg-type]
-    out["no swapping"] = no_swap
+
+    def search(method: str, low: int) -> BatchSearch:
+        return largest_batch(
+            steps, method, budget, trials=trials, seed=seed, low=low, high=ceiling,
+            on_probe=on_probe,
+        )  # fmt: skip
+
+    out = {"no swapping": search("no swapping", 2)}
+    low = max(2, out["no swapping"].batch)
     for method in methods:
         if method != "no swapping":
-            low = max(2, no_swap.batch)
-            out[method] = largest_batch(steps, method, budget, low=low, high=ceiling, **kw)  # type: ignore[arg-type]
+            out[method] = search(method, low)
     return out

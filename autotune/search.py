@@ -5,8 +5,9 @@ A trial proposes `n_tensors`, `lb`, `ub`, `threshold` (how far a reader must lie
 synchronized (`sync_out`, which keeps the forward pass from outrunning the link); the engine
 derives the plan and simulates it. "Predicted peak <= budget" is an Optuna constraint and the
 predicted step time the objective (or peak and time as two objectives, Pareto front kept). The
-study is warm-started with the original tool's defaults, so it can only improve on them, and
-with the plan that saves the most memory, so that a budget that can be met is met early.
+study is warm-started with the original tool's defaults and with what its auto-tuner picks, so
+it can only improve on them, and with the plan that saves the most memory, so that a budget that
+can be met is met early.
 
 The baselines run in the same engine against the same budget: no swapping, the original tool's
 defaults, the original tool's auto-tuner (three one-dimensional binary searches on a memory-only
@@ -83,10 +84,23 @@ class Space:
             lb=min(lb, ub),
             ub=max(lb, ub),
             threshold=trial.suggest_int("threshold", 1, self.levels, log=True),
-            groupby=trial.suggest_int("groupby", 0, 64),
+            groupby=trial.suggest_int("groupby", 0, self.levels),
             trigger=trial.suggest_categorical("trigger", list(TRIGGER_STRATEGIES)),
             sync_out=trial.suggest_categorical("sync_out", [False, True]),
         )
+
+    def of_params(self, p: PlanParams) -> dict[str, Any]:
+        """Trial parameters that give `p` (sizes clamped to this graph's ranges)."""
+        n = self.candidates if p.n_tensors == -1 else min(max(p.n_tensors, 1), self.candidates)
+        return {
+            "n_tensors": n,
+            "lb": min(p.lb, self.levels),
+            "ub": min(p.ub, self.levels),
+            "threshold": min(p.threshold, self.levels),
+            "groupby": min(p.groupby, self.levels),
+            "trigger": p.trigger,
+            "sync_out": p.sync_out,
+        }
 
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
@@ -211,9 +225,12 @@ def run_study(
     *,
     objectives: int = 1,
     warm_start: bool = True,
+    starts: tuple[PlanParams, ...] = (),
     callbacks: list[Any] | None = None,
 ) -> Outcome:
-    """Run `study` until it holds `trials` finished trials (resuming one that has some)."""
+    """Run `study` until it holds `trials` finished trials (resuming one that has some). A new
+    study with `warm_start` first tries the original defaults, the least-memory plan and
+    `starts` (e.g. what the original auto-tuner chose), so it can only improve on them."""
     import optuna
     from optuna.study import MaxTrialsCallback
 
@@ -221,8 +238,8 @@ def run_study(
     complete = (optuna.trial.TrialState.COMPLETE,)
     if warm_start and not study.trials:
         space = Space.of(engine)
-        study.enqueue_trial(space.defaults())
-        study.enqueue_trial(space.least_memory())
+        for params in (space.defaults(), space.least_memory(), *map(space.of_params, starts)):
+            study.enqueue_trial(params)
     left = trials - len(study.get_trials(deepcopy=False, states=complete))
     if left > 0:
         with quiet_optuna():

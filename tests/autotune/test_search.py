@@ -144,3 +144,14 @@ def test_original_autotuner_fits_by_its_memory_only_simulation(engine) -> None: 
     params = PlanParams.from_dict(out.summary()["params"])
     assert params.n_tensors == -1 and params.ub - params.lb == 9
     assert engine.evaluate(params, timed=False).peak_bytes <= budget.bytes
+
+
+@pytest.mark.tf
+def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.8)
+    original = original_autotuner(engine, budget)
+    assert original.best is not None
+    out = run_study(engine, budget, in_memory_study("tpe", 3), 6, starts=(original.best.params,))
+    third = PlanParams.from_dict(out.study.trials[2].user_attrs["plan_params"])
+    assert engine.evaluate(third).plan == original.best.plan
+    assert out.best is not None and out.best.step_seconds <= original.best.step_seconds

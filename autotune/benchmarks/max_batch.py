@@ -1,0 +1,192 @@
+"""Benchmark: the largest ResNet-50 batch and 3D U-Net cube each method fits in 16 GiB.
+
+Run `python -m autotune.benchmarks.max_batch [--trials 50] [--out results]`. For each device preset
+(the papers' V100 with NVLink 2.0, and a V100 on PCIe Gen3 with a five times slower link) and each
+method (no swapping, the original tool's defaults, its auto-tuner, random search, ours) it prints
+the largest batch (ResNet-50) or cube edge (3D U-Net, batch 1) whose predicted peak fits 0.95 x
+16 GiB, the predicted overhead there, the overhead at a batch every swapping method fits, and the
+search's wall time. ResNet-50 graphs come from two captures (affine family); 3D U-Net graphs are
+captured per cube edge (sizes grow with its cube). Everything here is simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.batching import (
+    METHODS,
+    BatchSearch,
+    CapturedSteps,
+    StepFamily,
+    Steps,
+    largest_batches,
+    largest_possible,
+    method_at,
+)
+from autotune.search import Budget
+
+PAPER = {"resnet50": "4.9x batch (ISMM 2019)", "unet3d": "5.6x resolution (ISMM 2019)"}
+DEVICES = ("v100-16gb-nvlink2", "v100-16gb-pcie3")
+CUBE_STEP = 8  # the 3D U-Net pools three times: its cube edge is a multiple of 8
+
+
+def _resnet_steps(device: Any) -> tuple[StepFamily, float]:
+    from autotune.api import capture
+    from autotune.zoo import get_entry
+
+    zm = get_entry("resnet50").build()
+    start = time.perf_counter()
+    steps = StepFamily.capture(
+        lambda b: capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b), device
+    )
+    return steps, time.perf_counter() - start
+
+
+def _unet_steps(device: Any) -> CapturedSteps:
+    from autotune.api import capture
+    from autotune.zoo import get_entry
+
+    def at(k: int) -> Any:
+        zm = get_entry("unet3d").build(cube=CUBE_STEP * k)
+        return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=1)
+
+    return CapturedSteps(at, device)
+
+
+def _common_overheads(
+    steps: Steps, found: dict[str, BatchSearch], budget: Budget, trials: int, seed: int
+) -> tuple[int, dict[str, float | None]]:
+    """Each swapping method's overhead at the largest size all of them fit."""
+    sizes = [found[m].batch for m in METHODS if m != "no swapping" and found[m].batch]
+    common = min(sizes) if sizes else 0
+    out: dict[str, float | None] = {}
+    for m in METHODS[1:]:
+        o = method_at(steps, m, common, budget, trials, seed) if common else None
+        out[m] = o.best.overhead if o is not None and o.best is not None else None
+    return common, out
+
+
+def _rows(
+    model: str, device: str, steps: Steps, budget: Budget, trials: int, seed: int, scale: int
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    found = largest_batches(steps, budget, trials=trials, seed=seed)
+    seconds = time.perf_counter() - start
+    common, at_common = _common_overheads(steps, found, budget, trials, seed)
+    base = found["no swapping"].batch or 1
+    rows = []
+    for m, b in found.items():
+        rows.append(
+            {
+                "method": m,
+                "max": b.batch * scale,
+                "ratio": b.batch / base,
+                "overhead": b.summary()["overhead"],
+                "overhead_at_common": at_common.get(m, 1.0),
+                "params": b.summary()["params"],
+                "seconds": b.seconds,
+            }
+        )
+    ceiling = largest_possible(steps, budget)
+    rows.append(
+        {
+            "method": "lower bound (no plan fits more)",
+            "max": ceiling * scale,
+            "ratio": ceiling / base,
+            "overhead": None,
+            "overhead_at_common": None,
+            "params": None,
+            "seconds": 0.0,
+        }
+    )
+    return {
+        "model": model,
+        "device": device,
+        "unit": "cube edge" if scale > 1 else "batch",
+        "common": common * scale,
+        "seconds": seconds,
+        "rows": rows,
+    }
+
+
+def run(trials: int, seed: int) -> list[dict[str, Any]]:
+    from simulator import get_preset
+
+    tables = []
+    resnet, trace = None, 0.0
+    for device in DEVICES:
+        preset = get_preset(device)
+        budget = Budget(preset.memory_bytes)
+        if resnet is None:
+            resnet, trace = _resnet_steps(preset)
+        else:  # same V100 compute (same costs), another link
+            resnet = StepFamily(resnet.family, resnet.costs, preset, resnet.trace_seconds)
+        table = _rows("resnet50", device, resnet, budget, trials, seed, 1)
+        table["capture_seconds"] = trace
+        tables.append(table)
+        print(_markdown(table), flush=True)
+        unet = _unet_steps(preset)
+        table = _rows("unet3d", device, unet, budget, trials, seed, CUBE_STEP)
+        table["capture_seconds"] = unet.trace_seconds
+        tables.append(table)
+        print(_markdown(table), flush=True)
+    return tables
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _markdown(t: dict[str, Any]) -> str:
+    unit = t["unit"]
+    lines = [
+        f"### {t['model']} on {t['device']} (16 GiB, budget 0.95 x): largest {unit}",
+        "",
+        f"Paper: {PAPER[t['model']]}. Search wall time {t['seconds']:.1f} s "
+        f"(captures {t['capture_seconds']:.1f} s).",
+        "",
+        f"| method | largest {unit} | x no swap | overhead there | overhead at {unit} "
+        f"{t['common']} | search (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in t["rows"]:
+        lines.append(
+            f"| {r['method']} | {r['max']} | {r['ratio']:.2f} | {_fmt(r['overhead'], '.3f')} | "
+            f"{_fmt(r['overhead_at_common'], '.3f')} | {r['seconds']:.1f} |"
+        )
+    if t["unit"] == "cube edge":
+        base = t["rows"][0]["max"] or 1
+        best = max(r["max"] for r in t["rows"] if r["params"] is not None)
+        lines += ["", f"Largest cube: {best}^3 = {(best / base) ** 3:.2f}x the no-swap voxels."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--trials", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    tables = run(args.trials, args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    head = (
+        "# Largest batch and cube per method\n\nGenerated by `python -m "
+        f"autotune.benchmarks.max_batch --trials {args.trials}` in "
+        f"{time.perf_counter() - start:.0f} s. All figures are simulated.\n\n"
+    )
+    (out / "max_batch.md").write_text(head + "\n".join(_markdown(t) for t in tables))
+    (out / "max_batch.json").write_text(json.dumps(tables, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
