@@ -190,6 +190,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         storage=args.storage, study=name, out=args.out, safety_ratio=args.safety_ratio,
         objectives=args.objectives, max_batch=args.max_batch, progress=not args.quiet,
     )  # fmt: skip
+    if args.verify:
+        tuned.verify()
     report = tuned.report(args.out)
     out = {"model": args.model, "study": name, "report": str(report), **tuned.to_dict()}
     if args.json:
@@ -272,6 +274,11 @@ def _fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", help="Optuna database URL (default: SQLite in --out)")
     p.add_argument("--study", help="study name (default: from model, batch, device, budget)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run the tuned step here (GPU, or the emulated device) and report measured peaks",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

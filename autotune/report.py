@@ -1,7 +1,8 @@
-"""The tuning report: summary.json, the best plan, the trials and report.md with the tables.
+"""The tuning report: summary.json, the best plan, the trials, the plots (PNG) and report.md and
+a self-contained report.html with the tables and the plots.
 
-Every figure comes from the tuning result (simulated) or the study (recorded per trial); the
-tables are pandas frames so that the same data can feed plots.
+Every figure comes from the tuning result (simulated), the study (recorded per trial) or a
+verification run (measured); the tables are pandas frames.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
     from autotune.tuning import TunedGraph
 
@@ -85,24 +87,102 @@ def trials_table(study: Any) -> pd.DataFrame | None:
     return study.trials_dataframe(attrs=("number", "value", "params", "user_attrs", "state"))
 
 
+def figures(tuned: TunedGraph) -> dict[str, Figure]:
+    """Every plot the result supports, by file stem."""
+    from autotune import plots
+
+    out: dict[str, Figure] = {}
+    timeline = plots.memory_timeline(
+        tuned.evaluation, tuned.baseline, tuned.budget.bytes, tuned.lower_bound_bytes
+    )
+    out["memory_timeline"] = plots.render_memory_timeline(timeline)
+    view = plots.time_view(tuned.evaluation)
+    if view is not None and not tuned.fits_without_swapping:
+        out["time_view"] = plots.render_time_view(view)
+    if tuned.study is not None:
+        out.update(plots.render_search(tuned.study))
+    if tuned.batches is not None and tuned.steps is not None:
+        curve = plots.batch_curve(
+            tuned.steps.engine,
+            tuned.params,
+            tuned.budget.bytes,
+            tuned.batches["no swapping"].batch,
+            tuned.batches["ours"].batch,
+        )
+        out["batch_curve"] = plots.render_batch_curve(curve)
+    if tuned.verification is not None:
+        out["verification"] = plots.render_verification(tuned.verification)
+    return out
+
+
 def write_report(tuned: TunedGraph, directory: Path) -> Path:
     """Write the report files into `directory` and return the path of report.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "summary.json").write_text(json.dumps(tuned.to_dict(), indent=1) + "\n")
     (directory / "plan.json").write_text(json.dumps(tuned.plan.to_dict(), indent=1) + "\n")
     trials = trials_table(tuned.study)
     if trials is not None:
         trials.to_csv(directory / "trials.csv", index=False)
+    images = {}
+    for name, fig in figures(tuned).items():
+        fig.savefig(directory / f"{name}.png", dpi=100)
+        images[name] = directory / f"{name}.png"
     path = directory / "report.md"
-    path.write_text(_markdown(tuned))
+    path.write_text(_markdown(tuned, images))
+    (directory / "report.html").write_text(_html(tuned, images))
     return path
 
 
-def _markdown(tuned: TunedGraph) -> str:
+TITLES = {
+    "memory_timeline": "Memory over the step",
+    "time_view": "Compute, copies and stalls",
+    "optimization_history": "Search: optimization history",
+    "param_importances": "Search: parameter importances",
+    "pareto_front": "Search: Pareto front of peak and time",
+    "batch_curve": "Predicted peak against batch size",
+    "verification": "Measured against predicted",
+}
+
+
+def _tables(tuned: TunedGraph) -> list[tuple[str, pd.DataFrame]]:
+    out = [("Methods at this batch (same engine, same budget)", methods_table(tuned))]
+    batches = batches_table(tuned)
+    if batches is not None:
+        out.append(("Largest batch per method", batches))
+    return out
+
+
+def _html(tuned: TunedGraph, images: dict[str, Path]) -> str:
+    import base64
+    import html
+
+    parts = ["<!doctype html><meta charset='utf-8'><title>Swap tuning report</title>"]
+    parts.append("<h1>Swap tuning report</h1><ul>")
+    parts += [f"<li>{html.escape(line[2:])}</li>" for line in _facts(tuned)]
+    parts.append("</ul>")
+    for title, table in _tables(tuned):
+        parts += [f"<h2>{html.escape(title)}</h2>", table.to_html(index=False)]
+    for name, png in images.items():
+        data = base64.b64encode(png.read_bytes()).decode()
+        parts.append(f"<h2>{TITLES.get(name, name)}</h2><img src='data:image/png;base64,{data}'>")
+    return "\n".join(parts) + "\n"
+
+
+def _markdown(tuned: TunedGraph, images: dict[str, Path]) -> str:
+    lines = ["# Swap tuning report", "", *_facts(tuned), ""]
+    for title, table in _tables(tuned):
+        lines += [f"## {title}", "", table.to_markdown(index=False), ""]
+    for name, png in images.items():
+        lines += [f"## {TITLES.get(name, name)}", "", f"![{name}]({png.name})", ""]
+    return "\n".join(lines)
+
+
+def _facts(tuned: TunedGraph) -> list[str]:
     d = tuned.to_dict()
-    lines = [
-        "# Swap tuning report",
-        "",
+    return [
         f"- device preset: {d['device']}; budget {format_bytes(d['budget_bytes'])} "
         f"({d['safety_ratio']:.2f} of {format_bytes(d['gpu_memory_bytes'])})",
         f"- batch size: {d['batch_size']}",
@@ -113,16 +193,7 @@ def _markdown(tuned: TunedGraph) -> str:
         f"- parameters: `{json.dumps(_short(d['params']))}`",
         f"- tuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s, "
         f"{d['trials']} trials",
-        "",
-        "## Methods at this batch (same engine, same budget)",
-        "",
-        methods_table(tuned).to_markdown(index=False),
-        "",
     ]
-    batches = batches_table(tuned)
-    if batches is not None:
-        lines += ["## Largest batch per method", "", batches.to_markdown(index=False), ""]
-    return "\n".join(lines)
 
 
 def _x(value: float | None) -> str:

@@ -60,6 +60,8 @@ class TunedGraph:
     trace_seconds: float
     captured: Captured | None = None
     batches: dict[str, BatchSearch] | None = None
+    steps: Any = None  # the StepFamily of a largest-batch search (for the batch curve)
+    verification: Any = None
     _step: Any = field(default=None, repr=False)
 
     @property
@@ -152,6 +154,16 @@ class TunedGraph:
             out["max_batch_tuned"] = self.batches["ours"].batch
             out["baselines"] = {k: b.summary() for k, b in self.batches.items() if k != "ours"}
         return out
+
+    def verify(self, *, steps: int = 3) -> Any:
+        """Run the tuned and the original step on the device (a GPU, or the emulated one) and
+        keep the measured peaks next to the prediction for the report."""
+        from autotune.verify import verify_captured
+
+        if self.captured is None:
+            raise ValueError("this result holds no captured step to run")
+        self.verification = verify_captured(self.captured, self.params, steps=steps)
+        return self.verification
 
     def report(self, directory: str | Path) -> Path:
         """Write summary.json, plan.json, trials.csv and report.md into `directory`."""
@@ -375,5 +387,6 @@ def _fit_max_batch(
         captured, engine, budget, name=name, batch_size=best, progress=bars, **opts
     )
     tuned.batches = batches
+    tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
     return tuned.check_fits()

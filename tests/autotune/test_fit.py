@@ -77,9 +77,13 @@ def test_fit_a_keras_model_and_write_its_report(tmp_path) -> None:  # type: igno
     assert tuned.batch_size == 256 and tuned.plan.swaps
     assert tuned.predicted_peak_bytes <= tuned.budget.bytes < tuned.baseline.peak_bytes
     report = tuned.report(tmp_path / "report")
-    for name in ("summary.json", "plan.json", "trials.csv", "report.md"):
+    files = ("summary.json", "plan.json", "trials.csv", "report.md", "report.html")
+    plots = ("memory_timeline", "time_view", "optimization_history", "param_importances")
+    for name in (*files, *(f"{p}.png" for p in plots)):
         assert (report.parent / name).stat().st_size > 0
     assert "original auto-tuner" in report.read_text()
+    html = (report.parent / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(plots) and "<table" in html
 
 
 def test_a_budget_that_fits_without_swapping_returns_the_untouched_step(tmp_path) -> None:  # type: ignore[no-untyped-def]

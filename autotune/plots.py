@@ -1,0 +1,280 @@
+"""The report's plots: each a data function (plain numbers, tested) and a matplotlib renderer
+that returns the figure and never saves it (smoke-tested with the Agg backend).
+
+- memory timeline: device bytes over the schedule before and after the plan, with the budget,
+  the lower bound and the swap marks; host bytes below;
+- time view: compute, the two copy streams and the stalls, before and after;
+- the search: Optuna's own optimization history, parameter importances and Pareto front;
+- largest batch: predicted peak against batch size, without swapping and with the tuned plan;
+- verification: measured against predicted peak.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from simulator.trace import EventKind
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from autotune.engine import Evaluation
+
+__all__ = [
+    "MemoryTimeline",
+    "TimeView",
+    "batch_curve",
+    "memory_timeline",
+    "render_batch_curve",
+    "render_memory_timeline",
+    "render_search",
+    "render_time_view",
+    "render_verification",
+    "time_view",
+]
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class MemoryTimeline:
+    """Device bytes per schedule step without and with the plan, host bytes with it."""
+
+    before: np.ndarray
+    after: np.ndarray
+    host: np.ndarray
+    swap_out_steps: np.ndarray
+    swap_in_steps: np.ndarray
+    budget_bytes: int
+    lower_bound_bytes: int
+    peak_before: int
+    peak_after: int
+
+
+def _host_by_step(trace: Any, n_steps: int) -> np.ndarray:
+    out = np.zeros(n_steps, dtype=np.int64)
+    current = 0
+    for step, host in zip(trace.step, trace.host):
+        if step >= n_steps:
+            break
+        out[step] = max(out[step], host)
+        current = host
+        out[step + 1 :] = current
+    return out
+
+
+def memory_timeline(
+    tuned: Evaluation, baseline: Evaluation, budget_bytes: int, lower_bound_bytes: int
+) -> MemoryTimeline:
+    """The memory timeline of a plan against no swapping (live bytes from the event traces)."""
+    mem, base = tuned.result.memory, baseline.result.memory
+    n = len(mem.order.ops)
+    kinds = np.asarray(mem.trace.kind)
+    steps = np.asarray(mem.trace.step)
+    return MemoryTimeline(
+        base.trace.live_by_step(n, base.persistent_bytes),
+        mem.trace.live_by_step(n, mem.persistent_bytes),
+        _host_by_step(mem.trace, n),
+        np.unique(steps[kinds == EventKind.SWAP_OUT]),
+        np.unique(steps[kinds == EventKind.SWAP_IN]),
+        budget_bytes,
+        lower_bound_bytes,
+        base.peak_bytes,
+        mem.peak_bytes,
+    )
+
+
+def render_memory_timeline(data: MemoryTimeline, title: str = "Device memory") -> Figure:
+    """Device bytes (GiB) over the schedule, before and after; host bytes below."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 6), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    x = np.arange(len(data.after))
+    top.plot(x, data.before / GIB, color="0.6", lw=1, label="no swapping (live)")
+    top.plot(x, data.after / GIB, color="C0", lw=1.2, label="with the plan (live)")
+    top.axhline(data.budget_bytes / GIB, color="C3", ls="--", label="budget")
+    top.axhline(data.lower_bound_bytes / GIB, color="C2", ls=":", label="lower bound")
+    top.axhline(data.peak_after / GIB, color="C0", ls="-.", lw=0.8, label="peak, allocator")
+    marks = top.get_ylim()[0]
+    top.plot(data.swap_out_steps, np.full(len(data.swap_out_steps), marks), "v", ms=3,
+             color="C1", label="swap-out")  # fmt: skip
+    top.plot(data.swap_in_steps, np.full(len(data.swap_in_steps), marks), "^", ms=3,
+             color="C4", label="swap-in")  # fmt: skip
+    top.set_ylabel("device memory (GiB)")
+    top.set_title(
+        f"{title}: peak {data.peak_before / GIB:.2f} GiB without swapping, "
+        f"{data.peak_after / GIB:.2f} GiB with the plan"
+    )
+    top.legend(loc="upper left", fontsize="small", ncols=2)
+    bottom.fill_between(x, data.host / GIB, color="C1", alpha=0.5, step="post")
+    bottom.set_ylabel("host (GiB)")
+    bottom.set_xlabel("schedule step (op in execution order)")
+    return fig
+
+
+@dataclass(frozen=True)
+class TimeView:
+    """Busy intervals (start, length in seconds) of each stream, before and after the plan."""
+
+    compute_before: list[tuple[float, float]]
+    compute_after: list[tuple[float, float]]
+    stalls: list[tuple[float, float]]
+    d2h: list[tuple[float, float]]
+    h2d: list[tuple[float, float]]
+    step_before: float
+    step_after: float
+
+
+def time_view(tuned: Evaluation) -> TimeView | None:
+    """The streams of a plan's time model (None when the step was simulated without costs)."""
+    t = tuned.result.time
+    if t is None:
+        return None
+    base = t.timeline.base_end
+    compute, stalls, start, shift = [], [], 0.0, 0.0
+    for p in sorted(t.stalls):
+        at = base[p] - t.timeline.cost[p] + shift  # where step p would start
+        compute.append((start, at - start))
+        stalls.append((at, t.stalls[p]))
+        shift += t.stalls[p]
+        start = at + t.stalls[p]
+    compute.append((start, t.step_seconds - start))
+    d2h = [(tr.start, tr.end - tr.start) for tr in t.transfers if tr.direction == "d2h"]
+    h2d = [(tr.start, tr.end - tr.start) for tr in t.transfers if tr.direction == "h2d"]
+    before = [(0.0, t.baseline_seconds)]
+    return TimeView(before, compute, stalls, d2h, h2d, t.baseline_seconds, t.step_seconds)
+
+
+def render_time_view(data: TimeView) -> Figure:
+    """Streams as horizontal bars (ms): compute before, then compute, copies and stalls after."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    ax = fig.subplots()
+    rows: list[tuple[str, list[tuple[float, float]], str]] = [
+        ("compute, no swapping", data.compute_before, "0.6"),
+        ("compute, with the plan", data.compute_after, "C0"),
+        ("stalls", data.stalls, "C3"),
+        ("swap-out (device to host)", data.d2h, "C1"),
+        ("swap-in (host to device)", data.h2d, "C4"),
+    ]
+    for i, (_, bars, color) in enumerate(rows):
+        ms = [(s * 1e3, w * 1e3) for s, w in bars]
+        ax.broken_barh(ms, (i - 0.4, 0.8), color=color)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("time in the step (ms)")
+    ax.set_title(
+        f"Step time {data.step_before * 1e3:.1f} ms without swapping, "
+        f"{data.step_after * 1e3:.1f} ms with the plan "
+        f"({data.step_after / data.step_before:.2f}x)"
+    )
+    return fig
+
+
+def render_search(study: Any) -> dict[str, Figure]:
+    """Optuna's own plots of the study: history and importances (one objective) or the Pareto
+    front (two); a plot that Optuna cannot draw for this study is left out."""
+    from optuna.visualization import matplotlib as ovm
+
+    two = len(study.directions) == 2
+    makers: dict[str, Callable[[], Any]] = {}
+    if two:
+        makers["pareto_front"] = lambda: ovm.plot_pareto_front(
+            study, target_names=["peak (bytes)", "step time (s)"]
+        )
+    else:
+        makers["optimization_history"] = lambda: ovm.plot_optimization_history(
+            study, target_name="predicted step time (s)"
+        )
+        makers["param_importances"] = lambda: ovm.plot_param_importances(study)
+    out = {}
+    for name, make in makers.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                ax = make()
+            except (ValueError, RuntimeError, ZeroDivisionError):
+                continue
+        fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        fig.set_size_inches(8, 4.5)
+        out[name] = fig
+    return out
+
+
+@dataclass(frozen=True)
+class BatchCurve:
+    """Predicted peak per batch size, without swapping and with the tuned parameters."""
+
+    batches: list[int]
+    no_swap: list[int]
+    tuned: list[int]
+    budget_bytes: int
+    max_no_swap: int
+    max_tuned: int
+
+
+def batch_curve(
+    engine_at: Callable[[int], Any],
+    params: Any,
+    budget_bytes: int,
+    max_no_swap: int,
+    max_tuned: int,
+    points: int = 12,
+) -> BatchCurve:
+    """Simulate both settings on a grid of batch sizes up to past the tuned maximum."""
+    from rewriter.plan import PlanParams
+
+    top = max(max_tuned, max_no_swap, 2)
+    grid = sorted({max(2, round(top * 1.15 * i / (points - 1))) for i in range(points)})
+    none, tuned = [], []
+    for b in grid:
+        engine = engine_at(b)
+        none.append(engine.evaluate(PlanParams(n_tensors=0)).peak_bytes)
+        tuned.append(engine.evaluate(params).peak_bytes)
+    return BatchCurve(grid, none, tuned, budget_bytes, max_no_swap, max_tuned)
+
+
+def render_batch_curve(data: BatchCurve) -> Figure:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(data.batches, np.asarray(data.no_swap) / GIB, "o-", color="0.5", label="no swapping")
+    ax.plot(data.batches, np.asarray(data.tuned) / GIB, "o-", color="C0", label="tuned plan")
+    ax.axhline(data.budget_bytes / GIB, color="C3", ls="--", label="budget")
+    ax.axvline(data.max_no_swap, color="0.5", ls=":", label=f"largest, no swap: {data.max_no_swap}")
+    ax.axvline(data.max_tuned, color="C0", ls=":", label=f"largest, tuned: {data.max_tuned}")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("predicted peak (GiB)")
+    ax.set_title("Predicted peak against batch size")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def render_verification(verification: Any) -> Figure:
+    """Measured against predicted peak (GiB), without swapping and with the plan."""
+    from matplotlib.figure import Figure
+
+    d = verification.to_dict()
+    labels = ["no swapping", "with the plan"]
+    measured = [d["baseline_measured_peak_bytes"] or 0, d["measured_peak_bytes"] or 0]
+    predicted = [d["baseline_predicted_peak_bytes"], d["predicted_peak_bytes"]]
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(2)
+    ax.bar(x - 0.2, np.asarray(predicted) / GIB, 0.4, label="predicted", color="C0")
+    ax.bar(x + 0.2, np.asarray(measured) / GIB, 0.4, label="measured", color="C2")
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("peak (GiB)")
+    err = d.get("error_percent")
+    note = f" (error {err:+.1f} %)" if err is not None else ""
+    ax.set_title(f"Peak on {d['device']}: measured vs predicted{note}")
+    ax.legend()
+    return fig

@@ -1,0 +1,84 @@
+"""Plot data is computed from the simulation (tested exactly); renderers draw it (smoke)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from autotune import plots  # noqa: E402
+from autotune.engine import Engine  # noqa: E402
+from rewriter.plan import PlanParams  # noqa: E402
+from simulator import Link, get_preset  # noqa: E402
+from tests.simulator.builders import training_chain  # noqa: E402
+
+
+@pytest.fixture
+def engine() -> Engine:
+    g = training_chain()
+    preset = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=1024 / 3.5)
+    assert preset.link == Link(1024 / 3.5, 1024 / 3.5)
+    return Engine.build(g, device=preset, cost={n: 1.0 for n in g.ops})
+
+
+def test_memory_timeline_follows_the_traces(engine: Engine) -> None:
+    tuned, base = engine.evaluate(PlanParams()), engine.evaluate(PlanParams(n_tensors=0))
+    data = plots.memory_timeline(tuned, base, 4096, engine.lower_bound)
+    n = len(engine.order.ops)
+    assert len(data.before) == len(data.after) == len(data.host) == n
+    assert data.before.max() == base.result.memory.live_peak_bytes
+    assert data.after.max() == tuned.result.memory.live_peak_bytes
+    outs = {e.step for e in tuned.result.memory.trace if e.kind.name == "SWAP_OUT"}
+    assert set(data.swap_out_steps.tolist()) == outs
+    assert data.host.max() == tuned.result.memory.host_peak_bytes
+    fig = plots.render_memory_timeline(data)
+    assert fig.axes[0].get_ylabel() == "device memory (GiB)"
+
+
+def test_time_view_streams_add_up_to_the_step(engine: Engine) -> None:
+    ev = engine.evaluate(PlanParams())
+    data = plots.time_view(ev)
+    assert data is not None and ev.result.time is not None
+    busy = sum(w for _, w in data.compute_after)
+    stalled = sum(w for _, w in data.stalls)
+    assert busy == pytest.approx(ev.result.time.baseline_seconds)
+    assert busy + stalled == pytest.approx(ev.result.time.step_seconds)
+    assert len(data.d2h) == len(ev.plan.swaps)
+    fig = plots.render_time_view(data)
+    assert fig.axes[0].get_xlabel() == "time in the step (ms)"
+
+
+def test_batch_curve_grid_reaches_past_the_largest_batch(engine: Engine) -> None:
+    curve = plots.batch_curve(lambda b: engine, PlanParams(), 4096, 10, 40, points=5)
+    assert curve.batches[-1] >= 40 and len(curve.batches) == len(curve.no_swap) == 5
+    assert curve.tuned[0] == engine.evaluate(PlanParams()).peak_bytes
+    assert curve.no_swap[0] == engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
+    assert plots.render_batch_curve(curve).axes[0].get_xlabel() == "batch size"
+
+
+def test_search_plots_come_from_optuna(engine: Engine) -> None:
+    from autotune.search import Budget, in_memory_study, run_study
+
+    out = run_study(engine, Budget(1 << 20, 1.0), in_memory_study("tpe", 0), 6)
+    figs = plots.render_search(out.study)
+    assert {"optimization_history", "param_importances"} <= set(figs)
+    two = run_study(engine, Budget(1 << 20, 1.0), in_memory_study("tpe", 0, 2), 6, objectives=2)
+    assert "pareto_front" in plots.render_search(two.study)
+
+
+def test_verification_plot_draws_both_peaks() -> None:
+    class V:
+        def to_dict(self):  # type: ignore[no-untyped-def]
+            return {
+                "device": "emulated",
+                "measured_peak_bytes": 3 << 30,
+                "baseline_measured_peak_bytes": 5 << 30,
+                "predicted_peak_bytes": 2 << 30,
+                "baseline_predicted_peak_bytes": 5 << 30,
+                "error_percent": -33.3,
+            }
+
+    fig = plots.render_verification(V())
+    heights = sorted(p.get_height() for p in fig.axes[0].patches)
+    assert np.allclose(heights, [2, 3, 5, 5])
