@@ -282,6 +282,18 @@ def _fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Regenerate results/ (accuracy, swap plans, largest batch per method, a tuning report)."""
+    from pathlib import Path
+
+    from autotune.benchmarks.bench import run_bench
+
+    out = Path(args.out or ("results/quick" if args.quick else "results"))
+    path = run_bench(out, quick=args.quick, log=lambda line: print(line, flush=True))
+    print(f"wrote {path.parent}/ (see {path})")
+    return 0
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo model name (see `autotune models`)")
     p.add_argument("--batch-size", type=_positive_int, required=True, help="images per step")
@@ -299,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         "measure": cmd_measure,
         "verify": cmd_verify,
         "fit": cmd_fit,
+        "bench": cmd_bench,
     }
     for name, fn in commands.items():
         p = sub.add_parser(name, help=(fn.__doc__ or "").strip(), description=fn.__doc__)
@@ -307,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print one JSON object")
         elif name == "fit":
             _fit_args(p)
+        elif name == "bench":
+            p.add_argument("--quick", action="store_true", help="tiny models only (CI-sized)")
+            p.add_argument("--out", help="folder (default results/, or results/quick with --quick)")
         else:
             _model_args(p)
         if name == "measure":

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,30 +31,48 @@ from autotune.batching import (
     method_at,
 )
 from autotune.search import Budget
+from autotune.units import format_bytes
 
 PAPER = {"resnet50": "4.9x batch (ISMM 2019)", "unet3d": "5.6x resolution (ISMM 2019)"}
 DEVICES = ("v100-16gb-nvlink2", "v100-16gb-pcie3")
-CUBE_STEP = 8  # the 3D U-Net pools three times: its cube edge is a multiple of 8
 
 
-def _resnet_steps(device: Any) -> tuple[StepFamily, float]:
+@dataclass(frozen=True)
+class Case:
+    """A batch model (searched on batch size) and a volumetric one (searched on cube edge)."""
+
+    batch_model: str
+    cube_model: str
+    cube_step: int  # the U-Net pools k times: its cube edge is a multiple of 2**k
+    memory: int
+    devices: tuple[str, ...]
+    capture_batches: tuple[int, int] = (16, 32)
+
+
+FULL = Case("resnet50", "unet3d", 8, 16 << 30, DEVICES)
+QUICK = Case("tiny-cnn", "tiny-unet3d", 4, 80 << 20, DEVICES[:1], (4, 8))
+
+
+def _family(case: Case, device: Any) -> tuple[StepFamily, float]:
     from autotune.api import capture
     from autotune.zoo import get_entry
 
-    zm = get_entry("resnet50").build()
+    zm = get_entry(case.batch_model).build()
     start = time.perf_counter()
     steps = StepFamily.capture(
-        lambda b: capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b), device
+        lambda b: capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b),
+        device,
+        case.capture_batches,
     )
     return steps, time.perf_counter() - start
 
 
-def _unet_steps(device: Any) -> CapturedSteps:
+def _cubes(case: Case, device: Any) -> CapturedSteps:
     from autotune.api import capture
     from autotune.zoo import get_entry
 
     def at(k: int) -> Any:
-        zm = get_entry("unet3d").build(cube=CUBE_STEP * k)
+        zm = get_entry(case.cube_model).build(cube=case.cube_step * k)
         return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=1)
 
     return CapturedSteps(at, device)
@@ -109,31 +128,32 @@ def _rows(
         "model": model,
         "device": device,
         "unit": "cube edge" if scale > 1 else "batch",
+        "memory_bytes": budget.device_bytes,
         "common": common * scale,
         "seconds": seconds,
         "rows": rows,
     }
 
 
-def run(trials: int, seed: int) -> list[dict[str, Any]]:
+def run(trials: int, seed: int, case: Case = FULL) -> list[dict[str, Any]]:
     from simulator import get_preset
 
     tables = []
-    resnet, trace = None, 0.0
-    for device in DEVICES:
-        preset = get_preset(device)
+    family, trace = None, 0.0
+    for device in case.devices:
+        preset = get_preset(device).with_overrides(memory_bytes=case.memory)
         budget = Budget(preset.memory_bytes)
-        if resnet is None:
-            resnet, trace = _resnet_steps(preset)
+        if family is None:
+            family, trace = _family(case, preset)
         else:  # same V100 compute (same costs), another link
-            resnet = StepFamily(resnet.family, resnet.costs, preset, resnet.trace_seconds)
-        table = _rows("resnet50", device, resnet, budget, trials, seed, 1)
+            family = StepFamily(family.family, family.costs, preset, family.trace_seconds)
+        table = _rows(case.batch_model, device, family, budget, trials, seed, 1)
         table["capture_seconds"] = trace
         tables.append(table)
         print(_markdown(table), flush=True)
-        unet = _unet_steps(preset)
-        table = _rows("unet3d", device, unet, budget, trials, seed, CUBE_STEP)
-        table["capture_seconds"] = unet.trace_seconds
+        cubes = _cubes(case, preset)
+        table = _rows(case.cube_model, device, cubes, budget, trials, seed, case.cube_step)
+        table["capture_seconds"] = cubes.trace_seconds
         tables.append(table)
         print(_markdown(table), flush=True)
     return tables
@@ -145,10 +165,11 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def _markdown(t: dict[str, Any]) -> str:
     unit = t["unit"]
+    memory = format_bytes(t["memory_bytes"])
     lines = [
-        f"### {t['model']} on {t['device']} (16 GiB, budget 0.95 x): largest {unit}",
+        f"### {t['model']} on {t['device']} ({memory}, budget 0.95 x): largest {unit}",
         "",
-        f"Paper: {PAPER[t['model']]}. Search wall time {t['seconds']:.1f} s "
+        f"Paper: {PAPER.get(t['model'], 'n/a')}. Search wall time {t['seconds']:.1f} s "
         f"(captures {t['capture_seconds']:.1f} s).",
         "",
         f"| method | largest {unit} | x no swap | overhead there | overhead at {unit} "
@@ -173,14 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results")
+    p.add_argument("--quick", action="store_true", help="tiny models, one device (CI-sized)")
     args = p.parse_args(argv)
     start = time.perf_counter()
-    tables = run(args.trials, args.seed)
+    tables = run(args.trials, args.seed, QUICK if args.quick else FULL)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     head = (
         "# Largest batch and cube per method\n\nGenerated by `python -m "
-        f"autotune.benchmarks.max_batch --trials {args.trials}` in "
+        f"autotune.benchmarks.max_batch --trials {args.trials}{' --quick' * args.quick}` in "
         f"{time.perf_counter() - start:.0f} s. All figures are simulated.\n\n"
     )
     (out / "max_batch.md").write_text(head + "\n".join(_markdown(t) for t in tables))
