@@ -117,9 +117,8 @@ def figures(tuned: TunedGraph) -> dict[str, Figure]:
 
 def write_report(tuned: TunedGraph, directory: Path) -> Path:
     """Write the report files into `directory` and return the path of report.md."""
-    import matplotlib
+    import matplotlib.pyplot as plt
 
-    matplotlib.use("Agg")
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "summary.json").write_text(json.dumps(tuned.to_dict(), indent=1) + "\n")
     (directory / "plan.json").write_text(json.dumps(tuned.plan.to_dict(), indent=1) + "\n")
@@ -129,6 +128,7 @@ def write_report(tuned: TunedGraph, directory: Path) -> Path:
     images = {}
     for name, fig in figures(tuned).items():
         fig.savefig(directory / f"{name}.png", dpi=100)
+        plt.close(fig)  # Optuna draws through pyplot, which would keep its figures alive
         images[name] = directory / f"{name}.png"
     path = directory / "report.md"
     path.write_text(_markdown(tuned, images))

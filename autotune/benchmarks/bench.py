@@ -159,8 +159,9 @@ def _batch_section(tables: Any) -> list[str]:
     lines = [
         "## Largest batch and cube per method (simulated): `max_batch.md`",
         "",
-        "Each method's largest batch (or cube edge) whose predicted peak fits 0.95 x the device "
-        "memory, by binary search with the method's tuning inside; 'lower bound' is the largest "
+        "Each method's largest batch (or cube edge) whose predicted peak fits the budget (the "
+        "default safety ratio x the device memory), by binary search with the method's tuning "
+        "inside; 'lower bound' is the largest "
         "that any plan could fit (resident bytes plus the largest single-op working set).",
         "",
         "| model | device | no swap | defaults | original auto-tuner | random | ours | bound "

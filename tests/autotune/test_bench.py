@@ -1,0 +1,29 @@
+"""`autotune bench --quick` regenerates a results folder whose README quotes that very run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.autotune.cli_helpers import run_cli
+
+pytestmark = pytest.mark.tf
+
+
+def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) -> None:
+    out = run_cli("bench", "--quick", "--out", str(tmp_path), timeout=900)
+    assert out.returncode == 0, out.stderr
+    for name in ("simulator_accuracy", "swap_plans", "max_batch"):
+        assert (tmp_path / f"{name}.md").stat().st_size > 0
+        assert (tmp_path / f"{name}.json").stat().st_size > 0
+    report = tmp_path / "report_tiny-cnn"
+    assert (report / "report.html").exists() and (report / "memory_timeline.png").exists()
+    readme = (tmp_path / "README.md").read_text()
+    for table in json.loads((tmp_path / "max_batch.json").read_text()):
+        ours = next(r for r in table["rows"] if r["method"] == "ours")
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {table['model']} "))
+        assert f"| {ours['max']} |" in row
+    summary = json.loads((report / "summary.json").read_text())
+    assert f"largest batch {summary['max_batch_tuned']}" in readme
+    plans = json.loads((tmp_path / "swap_plans.json").read_text())
+    assert f"{plans['timing']['derive_and_simulate'] * 1e3:.1f} ms" in readme
