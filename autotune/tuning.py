@@ -166,7 +166,8 @@ class TunedGraph:
         return self.verification
 
     def report(self, directory: str | Path) -> Path:
-        """Write summary.json, plan.json, trials.csv and report.md into `directory`."""
+        """Write summary.json, plan.json, trials.csv, the plots, report.md and report.html
+        into `directory`; return the path of report.md."""
         from autotune.report import write_report
 
         return write_report(self, Path(directory))

@@ -21,14 +21,15 @@ from rewriter.plan import PlanParams
 RESULTS = Path(__file__).parents[2] / "results" / "simulator_accuracy.json"
 
 
-def test_safety_ratio_covers_the_measured_error_of_full_size_models() -> None:
+def test_safety_ratio_covers_the_measured_error_of_large_steps() -> None:
     rows = json.loads(RESULTS.read_text())["rows"]
-    full = [r for r in rows if r["model"] in ("resnet50", "unet3d")]
-    assert len(full) >= 3
-    worst = min(r["predicted"] / r["measured"] for r in full)
-    # predicting <= ratio x memory keeps a real peak of predicted / worst within the memory
-    assert DEFAULT_SAFETY_RATIO <= worst < 1.0
-    assert worst - DEFAULT_SAFETY_RATIO < 0.05, "the margin is wider than the measured error"
+    large = [r for r in rows if r["measured"] >= 1 << 29]  # steps peaking at 0.5 GiB or more
+    assert len(large) >= 2
+    # every single process, not only the median: predicted <= ratio x memory must keep each
+    # measured peak within the memory
+    worst = min(r["predicted"] / m for r in large for m in r["measured_all"])
+    assert DEFAULT_SAFETY_RATIO <= worst
+    assert worst - DEFAULT_SAFETY_RATIO < 0.08, "the margin is far wider than the measured error"
 
 
 @pytest.mark.parametrize("memory,ratio", [(0, 0.9), (-5, 0.9), (1 << 30, 0.0), (1 << 30, 1.5)])
