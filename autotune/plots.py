@@ -170,10 +170,10 @@ def render_time_view(data: TimeView) -> Figure:
     ax.set_yticks(range(len(rows)), [r[0] for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel("time in the step (ms)")
+    ratio = f" ({data.step_after / data.step_before:.2f}x)" if data.step_before else ""
     ax.set_title(
         f"Step time {data.step_before * 1e3:.1f} ms without swapping, "
-        f"{data.step_after * 1e3:.1f} ms with the plan "
-        f"({data.step_after / data.step_before:.2f}x)"
+        f"{data.step_after * 1e3:.1f} ms with the plan{ratio}"
     )
     return fig
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.batching import BatchSearch, StepFamily, largest_batches
+from autotune.batching import CAPTURE_BATCHES, BatchSearch, StepFamily, largest_batches
 from autotune.engine import Engine, Evaluation
 from autotune.progress import Progress
 from autotune.search import DEFAULT_SAFETY_RATIO, Budget, Outcome, run_study
@@ -149,6 +149,8 @@ class TunedGraph:
             "trace_seconds": self.trace_seconds,
             "methods": {k: o.summary() for k, o in self.outcomes.items()},
         }
+        if self.study is not None and len(self.study.directions) == 2:
+            out["pareto_front"] = pareto_front(self.study)
         if self.batches is not None:
             out["max_batch_no_swap"] = self.batches["no swapping"].batch
             out["max_batch_tuned"] = self.batches["ours"].batch
@@ -171,6 +173,19 @@ class TunedGraph:
         from autotune.report import write_report
 
         return write_report(self, Path(directory))
+
+
+def pareto_front(study: Any) -> list[dict[str, Any]]:
+    """The trials no other feasible trial beats in both peak and time (two objectives)."""
+    return [
+        {
+            "trial": t.number,
+            "params": t.user_attrs["plan_params"],
+            "peak_bytes": t.user_attrs["peak_bytes"],
+            "step_seconds": t.user_attrs["step_seconds"],
+        }
+        for t in sorted(study.best_trials, key=lambda t: t.user_attrs["peak_bytes"])
+    ]
 
 
 def check_budget(engine: Engine, budget: Budget) -> None:
@@ -285,8 +300,9 @@ def fit(
     bars = Progress(progress)
     url = storage or default_storage(Path(out))
     if max_batch:
+        given = batch_size or _leading_dim(example_args)
         opts = {"trials": trials, "seed": seed, "storage": url, "objectives": objectives,
-                "shared": storage is not None}  # fmt: skip
+                "shared": storage is not None, "batch_size": given}  # fmt: skip
         return _fit_max_batch(capture_at, preset, budget, study, bars, **opts)
     bars.stage("tracing the step")
     captured = capture_at(None)
@@ -356,6 +372,14 @@ def _capturer(
     return at
 
 
+def _leading_dim(example_args: tuple[Any, ...]) -> int | None:
+    """The batch size of the example arguments (their first dimension), if they give one."""
+    from rewriter.capture import to_specs
+
+    dims = [s.shape[0] for s in to_specs(example_args) if len(s.shape)] if example_args else []
+    return int(dims[0]) if dims and dims[0] is not None else None
+
+
 def _with_batch(spec: Any, batch: int) -> Any:
     import tensorflow as tf
 
@@ -372,10 +396,13 @@ def _fit_max_batch(
     bars: Progress,
     **opts: Any,
 ) -> TunedGraph:
-    """Capture at two batches, find each method's largest batch, tune ours there (`opts` are
-    tune_captured's: trials, seed, storage, objectives, shared)."""
+    """Capture at two batches (the given one and its double, so that per-op costs are of that
+    size; else 16 and 32), find each method's largest batch, tune ours there (`opts` are
+    tune_captured's: trials, seed, storage, objectives, shared; and the given batch_size)."""
     trials, seed = opts["trials"], opts["seed"]
-    steps = StepFamily.capture(capture_at, preset, on_stage=bars.stage)
+    given = opts.pop("batch_size", None)
+    pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES
+    steps = StepFamily.capture(capture_at, preset, pair, on_stage=bars.stage)
     batches = largest_batches(steps, budget, trials=trials, seed=seed, on_probe=bars.probe)
     best = batches["ours"].batch or batches["no swapping"].batch
     if best == 0:

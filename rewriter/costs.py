@@ -25,6 +25,7 @@ def grappler_costs(cf: Any, preset: DevicePreset) -> tuple[dict[str, float], flo
     from tensorflow.python.grappler import item as gitem
 
     graph_def = cf.graph.as_graph_def()
+    _known_variable_reads(graph_def, cf.graph)
     for node in graph_def.node:
         node.device = _GPU
     meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=cf.graph)
@@ -43,4 +44,29 @@ def grappler_costs(cf: Any, preset: DevicePreset) -> tuple[dict[str, float], flo
     start = time.perf_counter()
     op_perfs, _, _ = cluster.MeasureCosts(gitem.Item(meta))
     seconds = time.perf_counter() - start
-    return {p.node: p.compute_cost * 1e-9 for p in op_perfs}, seconds
+    costs = {p.node: p.compute_cost * 1e-9 for p in op_perfs}
+    if not any(costs.values()):
+        raise ValueError(
+            "Grappler's cost model estimated no compute time for any op of this step; "
+            "give the step fully known shapes, or measure per-op times instead (costs='measured')"
+        )
+    return costs, seconds
+
+
+def _known_variable_reads(graph_def: Any, fg: Any) -> None:
+    """Turn each variable read into a placeholder of the variable's shape. Grappler's shape
+    inference cannot see through a captured resource handle, so without this every op that
+    reads a weight (MatMul, Conv2D's filter) has an unknown shape and no estimated cost."""
+    shapes = {
+        op.name: op.outputs[0].shape
+        for op in fg.get_operations()
+        if op.type == "ReadVariableOp" and op.outputs[0].shape.is_fully_defined()
+    }
+    for node in graph_def.node:
+        if node.name in shapes:
+            dtype = node.attr["dtype"].type
+            node.op = "Placeholder"
+            del node.input[:]
+            node.attr.clear()
+            node.attr["dtype"].type = dtype
+            node.attr["shape"].shape.CopyFrom(shapes[node.name].as_proto())

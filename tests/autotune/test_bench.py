@@ -21,7 +21,8 @@ def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) 
     readme = (tmp_path / "README.md").read_text()
     for table in json.loads((tmp_path / "max_batch.json").read_text()):
         ours = next(r for r in table["rows"] if r["method"] == "ours")
-        row = next(line for line in readme.splitlines() if line.startswith(f"| {table['model']} "))
+        head = f"| {table['model']} | {table['device']} |"
+        row = next(line for line in readme.splitlines() if line.startswith(head))
         assert f"| {ours['max']} |" in row
     summary = json.loads((report / "summary.json").read_text())
     assert f"largest batch {summary['max_batch_tuned']}" in readme

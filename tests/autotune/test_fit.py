@@ -120,3 +120,18 @@ def test_max_batch_for_a_custom_step(tmp_path) -> None:  # type: ignore[no-untyp
     assert set(d["baselines"]) == {
         "no swapping", "original defaults", "original auto-tuner", "random search"
     }  # fmt: skip
+
+
+def test_two_objectives_keep_the_pareto_front(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    step, _ = make_step()
+    budget = tight_budget(step)
+    tuned = autotune.fit(
+        step, *specs(), gpu_memory=budget, safety_ratio=1.0, trials=12, objectives=2,
+        out=tmp_path,
+    )  # fmt: skip
+    front = tuned.to_dict()["pareto_front"]
+    assert front and all(p["peak_bytes"] <= budget for p in front)
+    peaks = [p["peak_bytes"] for p in front]
+    times = [p["step_seconds"] for p in front]
+    assert peaks == sorted(peaks) and times == sorted(times, reverse=True)  # a real trade-off
+    assert "pareto_front.png" in {p.name for p in tuned.report(tmp_path / "r").parent.iterdir()}

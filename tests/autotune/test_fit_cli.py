@@ -16,7 +16,7 @@ from tests.autotune.cli_helpers import cli_json, run_cli
 
 pytestmark = pytest.mark.tf
 
-TINY = ("--model", "tiny-cnn", "--gpu-memory", "80MiB", "--quiet")
+TINY = ("--model", "tiny-cnn", "--gpu-memory", "90MiB", "--quiet")
 
 
 def tf_log(line: str) -> bool:
