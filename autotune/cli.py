@@ -219,7 +219,7 @@ def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> 
         print(f"tuned        {json.dumps(_nonempty(d['params']))}")
         print(
             f"             peak {_sized(d['predicted_peak_bytes'])} (no swap "
-            f"{_sized(d['baseline_peak_bytes'])}), overhead {d['predicted_overhead']:.3f}x, "
+            f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
             f"{d['swapped_tensors']} tensors swapped"
         )
     batches = batches_table(tuned)
@@ -230,6 +230,11 @@ def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> 
     print(methods_table(tuned).to_string(index=False))
     print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
     print(f"report       {report}  (study {name!r}: resume by running the same command)")
+
+
+def _times(value: float | None) -> str:
+    """An overhead such as 1.154x, or a note when no time model ran (no per-op costs)."""
+    return "n/a (no op costs)" if value is None else f"{value:.3f}x"
 
 
 def _nonempty(params: dict[str, Any]) -> dict[str, Any]:

@@ -73,10 +73,13 @@ class Engine:
         device: DevicePreset | None = None,
         cost: dict[str, float] | None = None,
     ) -> Engine:
-        """Lower `graph`; with `cost` (per-op seconds) the time model is on."""
+        """Lower `graph`; with `cost` (per-op seconds) the time model is on. A cost model that
+        gives no op any time (Grappler's resolution is a microsecond, so a tiny step can cost
+        nothing) leaves it off: no step time is then predicted rather than a made-up one."""
         order = order or categorized_order(graph)
         context = PlanContext.build(graph, categorized_order(graph))
-        timeline = Timeline.build(order, cost) if cost is not None else None
+        timed = cost is not None and any(cost.values())
+        timeline = Timeline.build(order, cost) if cost is not None and timed else None
         program = compile_program(graph, order)
         return cls(graph, order, program, context, device, timeline, lower_bound_bytes(graph))
 

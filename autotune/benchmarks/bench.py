@@ -80,6 +80,10 @@ def run_bench(out: Path, quick: bool = False, log: Callable[[str], None] = print
     return path
 
 
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
 def _load(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
@@ -174,7 +178,7 @@ def _batch_section(tables: Any) -> list[str]:
         cells = [str(by[m]["max"]) for m in by]
         lines.append(
             f"| {t['model']} | {t['device']} | " + " | ".join(cells) + f" | "
-            f"{ours['ratio']:.2f}x at {ours['overhead'] or 0:.2f}x time | {t['seconds']:.0f} |"
+            f"{ours['ratio']:.2f}x at {_x(ours['overhead'])} time | {t['seconds']:.0f} |"
         )
     return [*lines, ""]
 
@@ -192,7 +196,7 @@ def _report_section(out: Path) -> list[str]:
             f"`fit --max-batch` at {format_bytes(s['gpu_memory_bytes'])}: largest batch "
             f"{s['max_batch_tuned']} (no swap {s['max_batch_no_swap']}), predicted peak "
             f"{format_bytes(s['predicted_peak_bytes'])}, overhead "
-            f"{s['predicted_overhead']:.3f}x, {s['trials']} trials; plots of memory, time, "
+            f"{_x(s['predicted_overhead'])}, {s['trials']} trials; plots of memory, time, "
             "the search and the batch curve are in the folder.",
             "",
         ]

@@ -156,3 +156,15 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     third = PlanParams.from_dict(out.study.trials[2].user_attrs["plan_params"])
     assert engine.evaluate(third).plan == original.best.plan
     assert out.best is not None and out.best.step_seconds <= original.best.step_seconds
+
+
+def test_a_cost_model_that_gives_no_time_leaves_the_time_model_off() -> None:
+    from autotune.engine import Engine
+    from simulator import get_preset
+    from tests.simulator.builders import training_chain
+
+    g = training_chain()
+    preset = get_preset("v100-16gb-nvlink2")
+    engine = Engine.build(g, device=preset, cost={n: 0.0 for n in g.ops})
+    ev = engine.evaluate(PlanParams())
+    assert engine.timeline is None and ev.step_seconds is None and ev.overhead is None
