@@ -374,19 +374,40 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))
-    except UsageError as err:
-        print(f"autotune: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except (ValueError, RuntimeError) as err:
-        print(f"autotune: error: {str(err).splitlines()[0]}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
-        print(
-            "autotune: interrupted; finished trials are kept in the study: "
-            "run the same command to resume",
-            file=sys.stderr,
-        )
-        return 130
+        return _interrupted()
+    except Exception as err:
+        if _caused_by_interrupt(err):
+            return _interrupted()
+        if isinstance(err, UsageError):
+            print(f"autotune: error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        if isinstance(err, (ValueError, RuntimeError)):
+            print(f"autotune: error: {str(err).splitlines()[0]}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
+
+
+def _caused_by_interrupt(err: BaseException) -> bool:
+    """True when `err` was raised while a Ctrl-C was being handled (a database driver, say,
+    failing as the interrupted trial is recorded)."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _interrupted() -> int:
+    print(
+        "autotune: interrupted; finished trials are kept in the study: "
+        "run the same command to resume",
+        file=sys.stderr,
+    )
+    return 130
 
 
 if __name__ == "__main__":

@@ -44,3 +44,16 @@ def test_simulate_prints_units() -> None:
     out = run_cli("simulate", "--model", "tiny-cnn", "--batch-size", "4")
     assert out.returncode == 0, out.stderr
     assert "MiB" in out.stdout and " B)" in out.stdout and "level" in out.stdout
+
+
+def test_an_error_raised_while_handling_ctrl_c_still_reads_as_an_interrupt() -> None:
+    from autotune.cli import _caused_by_interrupt
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("database is locked")  # noqa: B904
+    except RuntimeError as err:
+        assert _caused_by_interrupt(err)
+    assert not _caused_by_interrupt(RuntimeError("database is locked"))
