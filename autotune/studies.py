@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +35,44 @@ def study_name(model: str, batch: int | str, device: str, budget_bytes: int) -> 
     return f"{base}-b{batch}-{device}-{budget_bytes}B"
 
 
+#: Workers that open a new database together race to create its tables; the loser of the race
+#: sees a constraint error once the winner is done, and opening again then succeeds.
+OPEN_ATTEMPTS = 5
+
+
 def _storage(url: str) -> Any:
-    import optuna
     import sqlalchemy.exc
 
-    try:
-        return optuna.storages.RDBStorage(
-            url,
-            engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {},
-        )
-    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, OSError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise StorageError(f"cannot open study storage {url!r}: {first}") from None
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return _rdb(url)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            if attempt == OPEN_ATTEMPTS - 1 or not _raced(err):
+                raise _cannot_open(url, err) from None
+            time.sleep(0.5 * (attempt + 1))
+        except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, OSError) as err:
+            raise _cannot_open(url, err) from None
+    raise AssertionError("unreachable")
+
+
+def _rdb(url: str) -> Any:
+    import optuna
+
+    sqlite = url.startswith("sqlite")
+    return optuna.storages.RDBStorage(
+        url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else {}
+    )
+
+
+def _raced(err: Exception) -> bool:
+    """A constraint or lock error from creating the tables another worker is creating."""
+    text = str(err).lower()
+    return "unique constraint" in text or "already exists" in text or "locked" in text
+
+
+def _cannot_open(url: str, err: Exception) -> StorageError:
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return StorageError(f"cannot open study storage {url!r}: {first}")
 
 
 def open_study(url: str, name: str, *, seed: int, objectives: int = 1, shared: bool = False) -> Any:

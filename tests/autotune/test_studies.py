@@ -1,0 +1,36 @@
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from autotune.studies import StorageError, open_study, study_name
+
+
+def _open(url: str) -> int:
+    return len(open_study(url, "race", seed=0, shared=True).trials)
+
+
+def test_workers_opening_a_new_database_together_all_get_the_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        assert pool.map(_open, [url] * 4) == [0, 0, 0, 0]
+
+
+def test_a_study_reopens_with_its_trials(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = open_study(url, "s", seed=0)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    assert len(open_study(url, "s", seed=0).trials) == 3
+
+
+@pytest.mark.parametrize("url", ["sqlite:////no/such/dir/x.db", "nosuchdb://x", "not a url"])
+def test_unusable_storage_is_one_clear_error(url: str) -> None:
+    with pytest.raises(StorageError, match="cannot open study storage"):
+        open_study(url, "s", seed=0)
+
+
+def test_study_names_follow_model_batch_device_and_budget() -> None:
+    assert (
+        study_name("path/to/my model.py:build", 64, "v100", 123)
+        == "my_model.py_build-b64-v100-123B"
+    )
