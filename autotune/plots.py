@@ -56,18 +56,6 @@ class MemoryTimeline:
     peak_after: int
 
 
-def _host_by_step(trace: Any, n_steps: int) -> np.ndarray:
-    out = np.zeros(n_steps, dtype=np.int64)
-    current = 0
-    for step, host in zip(trace.step, trace.host):
-        if step >= n_steps:
-            break
-        out[step] = max(out[step], host)
-        current = host
-        out[step + 1 :] = current
-    return out
-
-
 def memory_timeline(
     tuned: Evaluation, baseline: Evaluation, budget_bytes: int, lower_bound_bytes: int
 ) -> MemoryTimeline:
@@ -79,7 +67,7 @@ def memory_timeline(
     return MemoryTimeline(
         base.trace.live_by_step(n, base.persistent_bytes),
         mem.trace.live_by_step(n, mem.persistent_bytes),
-        _host_by_step(mem.trace, n),
+        mem.trace.host_by_step(n),
         np.unique(steps[kinds == EventKind.SWAP_OUT]),
         np.unique(steps[kinds == EventKind.SWAP_IN]),
         budget_bytes,

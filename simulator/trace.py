@@ -104,17 +104,25 @@ class Trace:
 
     def live_by_step(self, n_steps: int, start: int) -> np.ndarray:
         """Peak live device bytes at each schedule step (the memory timeline)."""
+        return self._by_step(self.live, n_steps, start)
+
+    def host_by_step(self, n_steps: int) -> np.ndarray:
+        """Peak host bytes at each schedule step (swapped-out copies held)."""
+        return self._by_step(self.host, n_steps, 0)
+
+    def _by_step(self, values: tuple[int, ...], n_steps: int, start: int) -> np.ndarray:
+        """The largest of `values` at each step; a step without events keeps the last one."""
         out = np.full(n_steps, start, dtype=np.int64)
         current = start
         last = -1
-        for step, live in zip(self.step, self.live):
+        for step, value in zip(self.step, values):
             if step >= n_steps:
                 break
             if step != last:
                 out[last + 1 : step] = current
-                out[step] = live
+                out[step] = value
                 last = step
-            out[step] = max(out[step], live)
-            current = live
+            out[step] = max(out[step], value)
+            current = value
         out[last + 1 :] = current
         return out

@@ -134,3 +134,20 @@ def test_scratch_memory_counts_only_while_its_op_runs() -> None:
         ("FREE", "op1:scratch", 2048),
     ]
     assert r.peak_bytes == 6144 and r.peak_op == "op1"
+
+
+def test_host_by_step_follows_the_host_column_like_live_by_step() -> None:
+    from rewriter.plan import PlanContext, PlanParams, derive_plan
+    from simulator import simulate_plan
+    from tests.simulator.builders import training_chain
+
+    g = training_chain()
+    plan = derive_plan(PlanContext.build(g), PlanParams())
+    mem = simulate_plan(compile_program(g), g, plan).memory
+    n = len(mem.order.ops)
+    host = mem.trace.host_by_step(n)
+    for step in range(n):
+        at = [h for s, h in zip(mem.trace.step, mem.trace.host) if s == step]
+        before = [h for s, h in zip(mem.trace.step, mem.trace.host) if s < step]
+        assert host[step] == (max(at) if at else (before[-1] if before else 0))
+    assert host.max() == mem.host_peak_bytes
