@@ -160,16 +160,9 @@ def method_at(
     if method == "random search":
         return random_search(engine, budget, trials, seed)
     if method == "ours":
-        starts = _original_pick(engine, budget)
+        starts = original_autotuner(engine, budget).starts()
         return run_study(engine, budget, in_memory_study("tpe", seed), trials, starts=starts)
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-
-
-def _original_pick(engine: Engine, budget: Budget) -> tuple[PlanParams, ...]:
-    """The original auto-tuner's parameters (a warm start for ours), if it found any."""
-    o = original_autotuner(engine, budget)
-    shown = o.best or o.nearest
-    return (shown.params,) if shown is not None else ()
 
 
 def largest_possible(steps: Steps, budget: Budget) -> int:

@@ -107,19 +107,11 @@ class Space:
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
         swap-ins just before their readers; if anything fits, this usually does."""
-        return {**self.defaults(), "ub": 1, "sync_out": True}
+        return self.of_params(PlanParams(ub=1, sync_out=True))
 
     def defaults(self) -> dict[str, Any]:
         """The original tool's defaults as trial parameters (ub=10000 reaches every level)."""
-        return {
-            "n_tensors": self.candidates,
-            "lb": 1,
-            "ub": self.levels,
-            "threshold": 1,
-            "groupby": 0,
-            "trigger": "direct_order",
-            "sync_out": False,
-        }
+        return self.of_params(PlanParams())
 
 
 @dataclass
@@ -138,8 +130,17 @@ class Outcome:
     def fits(self) -> bool:
         return self.best is not None
 
+    @property
+    def shown(self) -> Evaluation | None:
+        """What the method offers: its best plan that fits, else the one nearest to fitting."""
+        return self.best or self.nearest
+
+    def starts(self) -> tuple[PlanParams, ...]:
+        """Its parameters as a warm start for another search (none if it tried nothing)."""
+        return (self.shown.params,) if self.shown is not None else ()
+
     def summary(self) -> dict[str, Any]:
-        b = self.best or self.nearest
+        b = self.shown
         return {
             "method": self.method,
             "fits": self.fits,

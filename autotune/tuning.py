@@ -225,14 +225,13 @@ def tune_captured(
         outcomes = _baselines(engine, budget, trials, seed)
         study = open_study(storage, name, seed=seed, objectives=objectives, shared=shared)
         callbacks = (progress or Progress(False)).trials(trials, _finished(study))
-        original = outcomes["original auto-tuner"]
-        starts = tuple(e.params for e in (original.best or original.nearest,) if e is not None)
+        starts = outcomes["original auto-tuner"].starts()
         ours = run_study(
             engine, budget, study, trials, objectives=objectives, starts=starts,
             callbacks=callbacks,
         )  # fmt: skip
         outcomes["ours"] = ours
-        best = ours.best or ours.nearest or baseline
+        best = ours.shown or baseline
     return TunedGraph(
         batch_size,
         budget,
