@@ -78,8 +78,7 @@ class Engine:
         nothing) leaves it off: no step time is then predicted rather than a made-up one."""
         order = order or categorized_order(graph)
         context = PlanContext.build(graph, categorized_order(graph))
-        timed = cost is not None and any(cost.values())
-        timeline = Timeline.build(order, cost) if cost is not None and timed else None
+        timeline = Timeline.build(order, cost) if cost and any(cost.values()) else None
         program = compile_program(graph, order)
         return cls(graph, order, program, context, device, timeline, lower_bound_bytes(graph))
 

@@ -43,16 +43,17 @@ OPEN_ATTEMPTS = 5
 def _storage(url: str) -> Any:
     import sqlalchemy.exc
 
-    for attempt in range(OPEN_ATTEMPTS):
+    attempt = 0
+    while True:
         try:
             return _rdb(url)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
-            if attempt == OPEN_ATTEMPTS - 1 or not _raced(err):
+            attempt += 1
+            if attempt == OPEN_ATTEMPTS or not _raced(err):
                 raise _cannot_open(url, err) from None
-            time.sleep(0.5 * (attempt + 1))
+            time.sleep(0.5 * attempt)
         except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError, OSError) as err:
             raise _cannot_open(url, err) from None
-    raise AssertionError("unreachable")
 
 
 def _rdb(url: str) -> Any:

@@ -306,7 +306,7 @@ def fit(
     bars.stage("tracing the step")
     captured = capture_at(None)
     bars.stage("estimating op costs")
-    batch = _batch_of(captured)
+    batch = _leading_dim(captured.specs)
     engine = _engine(captured, preset)
     name = study or study_name(_model_name(step_or_model), batch or "x", preset.name, budget.bytes)
     bars.stage("baselines")
@@ -342,11 +342,6 @@ def _model_name(step_or_model: Any) -> str:
     return str(getattr(step_or_model, "name", None) or getattr(step_or_model, "__name__", "step"))
 
 
-def _batch_of(captured: Captured) -> int | None:
-    dims = [s.shape[0] for s in captured.specs if len(s.shape)]
-    return int(dims[0]) if dims and dims[0] is not None else None
-
-
 def _capturer(
     step: Any,
     example_args: tuple[Any, ...],
@@ -372,7 +367,7 @@ def _capturer(
 
 
 def _leading_dim(example_args: tuple[Any, ...]) -> int | None:
-    """The batch size of the example arguments (their first dimension), if they give one."""
+    """The batch size of example arguments or specs (their first dimension), if they give one."""
     from rewriter.capture import to_specs
 
     dims = [s.shape[0] for s in to_specs(example_args) if len(s.shape)] if example_args else []
