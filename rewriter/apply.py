@@ -205,9 +205,12 @@ def _swap_in(stored: Any, like: Any, mode: str, name: str) -> Any:
         _HOST.take, [stored], like.dtype, stateful=True, name=f"{name}/fetch"
     )
     fetched.set_shape(like.shape)
+    # a Python function's output has no static shape for Grappler; without one its arithmetic
+    # optimizer reorders the readers' multiplication chains differently (last-bit changes)
+    shaped = tf.raw_ops.EnsureShape(input=fetched, shape=like.shape, name=f"{name}/fetch/shape")
     # TensorFlow may wrap the returned array without copying it; the copy puts the swapped-in
     # tensor in TensorFlow's allocator, where a real swap-in would land
-    return tf.raw_ops.DeepCopy(x=fetched, name=name)
+    return tf.raw_ops.DeepCopy(x=shaped, name=name)
 
 
 class _HostStore:

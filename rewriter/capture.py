@@ -199,7 +199,8 @@ def _is_swap_op(name: str) -> bool:
 
 def _is_host_copy(name: str) -> bool:
     """Outputs of a rewritten graph's swap-outs (and emulated fetches) live on the host."""
-    return name.startswith("swap_out/") or (name.startswith("swap_in/") and name.endswith("/fetch"))
+    fetched = name.startswith("swap_in/") and name.endswith(("/fetch", "/fetch/shape"))
+    return name.startswith("swap_out/") or fetched
 
 
 def _op(tf_op: Any) -> Op:
