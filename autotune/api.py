@@ -171,20 +171,25 @@ def simulate_captured(
             "a recorded schedule simulates the step as it ran, without swaps; "
             "simulate plans in the categorized order"
         )
-    profile = None
+    profile, graph = None, captured.graph
+    if schedule == "recorded":
+        from autotune.profile import current_device
+        from rewriter.optimized import optimized_graph
+
+        graph = optimized_graph(captured, current_device())
     if schedule == "recorded" or (preset is not None and costs == "measured"):
         from autotune.profile import record_profile
 
-        profile = record_profile(captured)
+        profile = record_profile(captured, graph)
     engine = build_engine(
-        captured, preset, costs, profile if schedule == "recorded" else None, profile
+        captured, preset, costs, profile if schedule == "recorded" else None, profile, graph
     )
     start = time.perf_counter()
     evaluation = engine.evaluate(params or PlanParams(n_tensors=0))
     seconds = time.perf_counter() - start
     baseline = evaluation if params is None else engine.evaluate(PlanParams(n_tensors=0))
     return Simulation(
-        captured.graph,
+        graph,
         evaluation,
         baseline,
         engine.lower_bound,
@@ -202,9 +207,12 @@ def build_engine(
     costs: str = "analytical",
     recorded: Profile | None = None,
     profile: Profile | None = None,
+    graph: Graph | None = None,
 ) -> Engine:
-    """The engine of a captured step: its order (recorded if given), costs for the preset."""
-    order = scheduled_order(captured.graph, recorded.priorities()) if recorded else None
+    """The engine of a captured step (or of `graph`, the step as Grappler optimized it): its
+    order (recorded if given), costs for the preset."""
+    graph = graph or captured.graph
+    order = scheduled_order(graph, recorded.priorities()) if recorded else None
     cost = None
     if preset is not None:
         if costs == "measured" and profile is not None:
@@ -213,7 +221,7 @@ def build_engine(
             from rewriter.costs import grappler_costs
 
             cost, _ = grappler_costs(captured.concrete_function, preset)
-    return Engine.build(captured.graph, order=order, device=preset, cost=cost)
+    return Engine.build(graph, order=order, device=preset, cost=cost)
 
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:

@@ -355,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
                 choices=SCHEDULES,
                 default="categorized",
                 help="op order to simulate: the paper's categorized order (no device needed), "
-                "or the order recorded from one profiled step on this device",
+                "or the graph TensorFlow runs (after Grappler) in the order recorded from one "
+                "profiled step on this device",
             )
     return parser
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.capture import Captured
+from simulator.graph import Graph
 
 __all__ = ["Profile", "profile_function", "record_profile"]
 
@@ -33,12 +34,22 @@ class Profile:
         return {name: float(i) for i, name in enumerate(self.order)}
 
 
-def record_profile(captured: Captured, *args: Any) -> Profile:
-    """Run the step once to warm up, then once under the profiler, and read the executed ops."""
+def record_profile(captured: Captured, graph: Graph | None = None, *args: Any) -> Profile:
+    """Run the step once to warm up, then once under the profiler, and read the executed ops
+    that are ops of `graph` (by default the captured graph; pass the optimized one to match
+    fused ops too)."""
     from autotune.measure import example_tensors
 
     inputs = list(args) or example_tensors(captured.specs)
-    return profile_function(captured.concrete_function, inputs, set(captured.graph.ops))
+    names = set((graph or captured.graph).ops)
+    return profile_function(captured.concrete_function, inputs, names)
+
+
+def current_device() -> str:
+    """The device a step runs on: the first GPU if TensorFlow sees one, else the CPU."""
+    import tensorflow as tf
+
+    return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
 
 
 def profile_function(fn: Any, inputs: list[Any], names: set[str]) -> Profile:
@@ -47,7 +58,7 @@ def profile_function(fn: Any, inputs: list[Any], names: set[str]) -> Profile:
     import tensorflow as tf
 
     fn(*inputs)
-    device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+    device = current_device()
     memory = _memory_readable(tf, device)
     with tempfile.TemporaryDirectory(prefix="autotune-profile-") as logdir:
         if memory:

@@ -53,6 +53,7 @@ _UNARY = frozenset(
         "OnesLike",
         "ZerosLike",
         "Gelu",
+        "_UnaryOpsComposition",
     }
 )
 

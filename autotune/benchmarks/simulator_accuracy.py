@@ -190,8 +190,9 @@ def write_report(rows: list[Row], speed: dict[str, float] | None, out: Path) -> 
         "*Measured*: `autotune measure` "
         "— the CPU BFC allocator's peak over one training step after a warm-up, one inter-op "
         "thread, median over fresh processes (each process's figure is in the JSON). "
-        "*Recorded order*: `autotune simulate --schedule recorded` — the same simulation in the "
-        "order TensorFlow executed one profiled step, against the peak measured in that very "
+        "*Recorded order*: `autotune simulate --schedule recorded` — the same simulation of the "
+        "graph TensorFlow runs (after Grappler's rewrites and fusions) in the order it executed "
+        "one profiled step, against the peak measured in that very "
         "step (TensorFlow's executor order varies between processes, and with it the real "
         "peak). *Grappler*: TensorFlow's static estimate, `Cluster.DeterminePeakMemoryUsage` "
         "on a virtual CPU.",

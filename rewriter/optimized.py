@@ -1,0 +1,67 @@
+"""The graph TensorFlow really runs: the captured step after Grappler's optimizations.
+
+Before a `tf.function` runs, TensorFlow rewrites its graph with Grappler: constants are folded,
+multiplication chains re-associated (which changes which buffers an element-wise kernel can take
+over in place), and kernels fused (on oneDNN, Conv2D with BiasAdd and Relu into one
+`_FusedConv2D`). A simulation in the order TensorFlow executed walks this graph, since the ops
+it recorded are its ops. Plans are still derived on, and applied to, the captured graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rewriter.capture import Captured, graph_from_concrete
+from simulator.graph import Graph
+
+__all__ = ["optimized_graph"]
+
+
+def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
+    """The IR of `captured` as Grappler optimizes it for `device` ('CPU:0' or 'GPU:0'), with the
+    optimizer settings of this process (`tf.config.optimizer`), as TensorFlow does at run time."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.grappler import tf_optimizer
+
+    cf = captured.concrete_function
+    config = context.context().config
+    optimized = tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False)
+    return graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
+
+
+def _meta_graph(cf: Any, device: str) -> Any:
+    """A MetaGraphDef of the step's graph, placed on `device`, fetching its outputs and the
+    ops it must run (variable updates), so that Grappler prunes nothing that runs."""
+    import tensorflow as tf
+
+    graph_def = cf.graph.as_graph_def()
+    placed = f"/job:localhost/replica:0/task:0/device:{device}"
+    for node in graph_def.node:
+        node.device = node.device or placed
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=cf.graph)
+    fetch = meta.collection_def["train_op"].node_list.value
+    fetch.extend(t.name for t in cf.outputs)
+    fetch.extend(op.name for op in cf.graph.control_outputs)
+    return meta
+
+
+def _wrap(cf: Any, specs: tuple[Any, ...], graph_def: Any) -> Any:
+    """`graph_def` as a function of the step's arguments, with its variable handles mapped in."""
+    import tensorflow as tf
+
+    handles = {ph.name: h for ph, h in zip(cf.graph.internal_captures, cf.captured_inputs)}
+    args = [t.name for t in cf.graph.inputs if t.name not in handles]
+    outputs = [t.name for t in cf.outputs]
+    present = {node.name for node in graph_def.node}
+
+    def body(*inputs: Any) -> Any:
+        g = tf.compat.v1.get_default_graph()
+        input_map = {a: x for a, x in zip(args, inputs) if a.split(":")[0] in present}
+        input_map.update(
+            {n: g.capture(h) for n, h in handles.items() if n.split(":")[0] in present}
+        )
+        return tf.graph_util.import_graph_def(
+            graph_def, input_map=input_map, return_elements=outputs, name=""
+        )
+
+    return tf.compat.v1.wrap_function(body, signature=list(specs))

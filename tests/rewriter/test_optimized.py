@@ -1,0 +1,52 @@
+"""The captured step as Grappler optimizes it: what TensorFlow really runs."""
+
+from collections import Counter
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from autotune.api import capture  # noqa: E402
+from autotune.zoo import get_entry  # noqa: E402
+from rewriter.optimized import optimized_graph  # noqa: E402
+from simulator import TensorKind  # noqa: E402
+from simulator.graph import Graph  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+
+@pytest.fixture(scope="module")
+def cnn():  # type: ignore[no-untyped-def]
+    zm = get_entry("tiny-cnn").build(seed=3)
+    return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=4)
+
+
+def _updates(graph: Graph) -> Counter[str]:
+    return Counter(op.type for op in graph.ops.values() if "Assign" in op.type)
+
+
+def _variable_bytes(graph: Graph) -> int:
+    return sum(t.nbytes for t in graph.tensors.values() if t.kind is TensorKind.VARIABLE)
+
+
+def test_fuses_convolutions_and_keeps_every_variable_update(cnn) -> None:  # type: ignore[no-untyped-def]
+    graph = optimized_graph(cnn)
+    types = Counter(op.type for op in graph.ops.values())
+    convs = sum(1 for op in cnn.graph.ops.values() if op.type == "Conv2D")
+    assert types["_FusedConv2D"] == convs > 0
+    assert types["Conv2D"] == 0
+    assert len(graph.ops) < len(cnn.graph.ops)
+    assert _updates(graph) == _updates(cnn.graph)
+    assert _variable_bytes(graph) == _variable_bytes(cnn.graph)
+
+
+def test_follows_the_optimizer_settings_of_this_process(cnn) -> None:  # type: ignore[no-untyped-def]
+    before = tf.config.optimizer.get_experimental_options()
+    tf.config.optimizer.set_experimental_options({"remapping": False})
+    try:
+        graph = optimized_graph(cnn)
+    finally:
+        tf.config.optimizer.set_experimental_options({"remapping": before.get("remapping", True)})
+    types = Counter(op.type for op in graph.ops.values())
+    assert types["_FusedConv2D"] == 0
+    assert types["Conv2D"] > 0
