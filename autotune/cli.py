@@ -152,6 +152,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     print(f"model        {args.model}, batch {args.batch_size}, on {v.device}")
+    _print_verification(v)
+    return 0
+
+
+def _print_verification(v: Any) -> None:
+    """The measured peaks and step times of a verification next to the prediction."""
     print(
         f"swapped      {len(v.plan.swaps)} tensors; {len(v.executed)} of {v.swap_ops} swap ops "
         "ran (read from the executed graphs)"
@@ -163,10 +169,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         measured = _sized(run.peak_bytes) if run.peak_bytes else run.error
         print(f"{label:<12} measured {measured}, predicted {_sized(pred)}")
         if run.step_seconds is not None:
-            print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {args.steps})")
+            print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {v.steps})")
     if v.error_percent is not None:
         print(f"error        {v.error_percent:+.1f} % (predicted against measured, tuned)")
-    return 0
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -228,6 +233,11 @@ def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> 
         print(batches.to_string(index=False))
     print(f"\nmethods at batch {d['batch_size']}:")
     print(methods_table(tuned).to_string(index=False))
+    if tuned.verification is not None:
+        where = tuned.verification.device
+        where = "the emulated device" if where == "emulated" else where
+        print(f"\nverified: the tuned and the original step run on {where}")
+        _print_verification(tuned.verification)
     print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
     print(f"report       {report}  (study {name!r}: resume by running the same command)")
 

@@ -151,6 +151,8 @@ class TunedGraph:
         }
         if self.study is not None and len(self.study.directions) == 2:
             out["pareto_front"] = pareto_front(self.study)
+        if self.verification is not None:
+            out["verification"] = self.verification.to_dict()
         if self.batches is not None:
             out["max_batch_no_swap"] = self.batches["no swapping"].batch
             out["max_batch_tuned"] = self.batches["ours"].batch

@@ -49,6 +49,7 @@ class Verification:
     baseline_predicted_peak_bytes: int
     swap_ops: int
     executed: dict[str, str] = field(default_factory=dict)
+    steps: int = 1
 
     @property
     def error_percent(self) -> float | None:
@@ -142,6 +143,7 @@ def verify_captured(captured: Captured, params: PlanParams, *, steps: int = 3) -
         base.peak_bytes,
         len(tuned.swap_ops),
         executed,
+        steps,
     )
 
 

@@ -44,6 +44,20 @@ def test_fit_json_and_report_files(tmp_path: Path) -> None:
     assert (tmp_path / "study.db").exists() and (tmp_path / "trials.csv").exists()
 
 
+def test_verify_runs_the_tuned_step_and_reports_what_it_measured(tmp_path: Path) -> None:
+    args = ("fit", *TINY, "--batch-size", "256", "--trials", "6", "--verify")
+    out = cli_json(*args, "--out", str(tmp_path))
+    v = out["verification"]
+    assert v["device"] == "emulated" and v["params"] == out["params"]
+    assert 0 < v["measured_peak_bytes"] < v["baseline_measured_peak_bytes"]
+    assert v["swap_ops_executed"] == v["swap_ops"] > 0
+    assert json.loads((tmp_path / "summary.json").read_text())["verification"] == v
+    text = run_cli(*[a for a in args if a != "--quiet"], "--out", str(tmp_path / "again"))
+    assert text.returncode == 0, text.stderr
+    assert "verified: the tuned and the original step run on the emulated device" in text.stdout
+    assert "% (predicted against measured, tuned)" in text.stdout
+
+
 def test_max_batch_json_has_every_baseline(tmp_path: Path) -> None:
     out = cli_json("fit", *TINY, "--max-batch", "--trials", "8", "--out", str(tmp_path))
     assert out["max_batch_tuned"] == out["batch_size"] > out["max_batch_no_swap"] > 0
