@@ -147,11 +147,41 @@ TITLES = {
 }
 
 
+def verification_table(tuned: TunedGraph) -> pd.DataFrame | None:
+    """Measured against predicted peak (MiB) and measured step time, tuned and original; None
+    without a verification run."""
+    import pandas as pd
+
+    v = tuned.verification
+    if v is None:
+        return None
+    rows = []
+    for label, run, predicted in (
+        ("tuned", v.tuned, v.predicted_peak_bytes),
+        ("original", v.baseline, v.baseline_predicted_peak_bytes),
+    ):
+        measured = run.peak_bytes
+        rows.append(
+            {
+                "step": label,
+                "measured peak (MiB)": round(measured / 2**20, 2) if measured else run.error,
+                "predicted peak (MiB)": round(predicted / 2**20, 2),
+                "error (%)": round(100 * (predicted / measured - 1), 1) if measured else None,
+                "step (ms)": round(run.step_seconds * 1e3, 1) if run.step_seconds else None,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def _tables(tuned: TunedGraph) -> list[tuple[str, pd.DataFrame]]:
     out = [("Methods at this batch (same engine, same budget)", methods_table(tuned))]
     batches = batches_table(tuned)
     if batches is not None:
         out.append(("Largest batch per method", batches))
+    verified = verification_table(tuned)
+    if verified is not None:
+        where = "the emulated device" if tuned.verification.device == "emulated" else "the GPU"
+        out.append((f"Measured on {where} against predicted", verified))
     return out
 
 

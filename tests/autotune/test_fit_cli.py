@@ -56,6 +56,9 @@ def test_verify_runs_the_tuned_step_and_reports_what_it_measured(tmp_path: Path)
     assert text.returncode == 0, text.stderr
     assert "verified: the tuned and the original step run on the emulated device" in text.stdout
     assert "% (predicted against measured, tuned)" in text.stdout
+    report = (tmp_path / "report.md").read_text()
+    assert "Measured on the emulated device against predicted" in report
+    assert f"{v['measured_peak_bytes'] / 2**20:.2f}" in report
 
 
 def test_max_batch_json_has_every_baseline(tmp_path: Path) -> None:
