@@ -56,7 +56,12 @@ def _assert_same_step(model: str, params: PlanParams) -> None:
 @pytest.mark.parametrize("model", EXACT)
 @pytest.mark.parametrize(
     "params",
-    [PlanParams(), PlanParams(trigger="chain_rule", lb=2), PlanParams(groupby=5, lb=3, ub=20)],
+    [
+        PlanParams(),
+        PlanParams(trigger="chain_rule", lb=2),
+        PlanParams(groupby=5, lb=3, ub=20),
+        PlanParams(ub=1, sync_out=True),
+    ],
 )
 def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanParams) -> None:
     _assert_same_step(model, params)
@@ -70,11 +75,12 @@ def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanPar
     span=st.integers(0, 30),
     groupby=st.integers(0, 4),
     trigger=st.sampled_from(["direct_order", "chain_rule"]),
+    sync=st.booleans(),
 )
 def test_random_plans_train_bitwise_like_the_original(
-    model: str, n: int, lb: int, span: int, groupby: int, trigger: str
+    model: str, n: int, lb: int, span: int, groupby: int, trigger: str, sync: bool
 ) -> None:
-    _assert_same_step(model, PlanParams(n, lb, lb + span, 1, groupby, trigger))
+    _assert_same_step(model, PlanParams(n, lb, lb + span, 1, groupby, trigger, sync))
 
 
 @pytest.mark.parametrize("mode", ["emulated", "device"])
