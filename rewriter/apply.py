@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rewriter.capture import Captured, graph_from_concrete
+from rewriter.capture import Captured, graph_from_concrete, import_step
 from rewriter.plan import check_plan
 from simulator import Graph, InvalidPlan, SwapPlan, categorized_order, compile_program
 from simulator.swap import apply_plan as lower_plan
@@ -99,22 +99,15 @@ def apply_plan(
     validate_plan(captured, plan)
     cf = captured.concrete_function
     graph_def = cf.graph.as_graph_def()
-    handles = {ph.name: h for ph, h in zip(cf.graph.internal_captures, cf.captured_inputs)}
-    args = [t.name for t in cf.graph.inputs if t.name not in handles]
-    outputs = [t.name for t in cf.outputs]
     names: list[str] = []
 
     def body(*inputs: Any) -> Any:
         g = tf.compat.v1.get_default_graph()
-        input_map = dict(zip(args, inputs))
-        input_map.update({name: g.capture(h) for name, h in handles.items()})
-        out = tf.graph_util.import_graph_def(
-            graph_def, input_map=input_map, return_elements=outputs, name=""
-        )
+        out, fed = import_step(cf, graph_def, inputs)
         after = _insert_swaps(g, plan, mode, compute_device, host_device)
         names.extend(op.name for ops in after.values() for op in ops)
         if pin_order:
-            _pin(g, categorized_order(captured.graph).ops, after, set(input_map))
+            _pin(g, categorized_order(captured.graph).ops, after, fed)
         return out
 
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))

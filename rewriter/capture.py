@@ -10,7 +10,7 @@ from typing import Any
 from rewriter.opsemantics import forwards, inplace_inputs, scratch_bytes
 from simulator.graph import Graph, Op, Tensor, TensorKind
 
-__all__ = ["CaptureError", "Captured", "capture_function", "to_specs"]
+__all__ = ["CaptureError", "Captured", "capture_function", "import_step", "to_specs"]
 
 _CALL_ATTRS = ("f", "then_branch", "else_branch", "cond", "body", "branches")
 
@@ -59,6 +59,24 @@ def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
     seconds = time.perf_counter() - start
     graph = graph_from_concrete(cf)
     return Captured(graph, cf, specs, list(cf.variables), seconds)
+
+
+def import_step(cf: Any, graph_def: Any, inputs: tuple[Any, ...]) -> tuple[Any, set[str]]:
+    """Import `graph_def` (the graph of step `cf`, rewritten or optimized) into the default
+    graph with the step's arguments fed from `inputs` and its variable handles mapped in; return
+    its outputs and the names of the placeholders that were fed."""
+    import tensorflow as tf
+
+    g = tf.compat.v1.get_default_graph()
+    handles = {ph.name: h for ph, h in zip(cf.graph.internal_captures, cf.captured_inputs)}
+    args = [t.name for t in cf.graph.inputs if t.name not in handles]
+    present = {node.name for node in graph_def.node}
+    input_map = {a: x for a, x in zip(args, inputs) if a.split(":")[0] in present}
+    input_map.update({n: g.capture(h) for n, h in handles.items() if n.split(":")[0] in present})
+    outputs = tf.graph_util.import_graph_def(
+        graph_def, input_map=input_map, return_elements=[t.name for t in cf.outputs], name=""
+    )
+    return outputs, set(input_map)
 
 
 def graph_from_concrete(cf: Any, variables: list[Any] | None = None) -> Graph:

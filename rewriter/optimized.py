@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rewriter.capture import Captured, graph_from_concrete
+from rewriter.capture import Captured, graph_from_concrete, import_step
 from simulator.graph import Graph
 
 __all__ = ["optimized_graph"]
@@ -49,19 +49,7 @@ def _wrap(cf: Any, specs: tuple[Any, ...], graph_def: Any) -> Any:
     """`graph_def` as a function of the step's arguments, with its variable handles mapped in."""
     import tensorflow as tf
 
-    handles = {ph.name: h for ph, h in zip(cf.graph.internal_captures, cf.captured_inputs)}
-    args = [t.name for t in cf.graph.inputs if t.name not in handles]
-    outputs = [t.name for t in cf.outputs]
-    present = {node.name for node in graph_def.node}
-
     def body(*inputs: Any) -> Any:
-        g = tf.compat.v1.get_default_graph()
-        input_map = {a: x for a, x in zip(args, inputs) if a.split(":")[0] in present}
-        input_map.update(
-            {n: g.capture(h) for n, h in handles.items() if n.split(":")[0] in present}
-        )
-        return tf.graph_util.import_graph_def(
-            graph_def, input_map=input_map, return_elements=outputs, name=""
-        )
+        return import_step(cf, graph_def, inputs)[0]
 
     return tf.compat.v1.wrap_function(body, signature=list(specs))
