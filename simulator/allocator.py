@@ -67,54 +67,53 @@ class BFCModel:
 
     def release(self, addr: int) -> None:
         """Free the chunk at `addr` and coalesce it with free neighbours."""
-        chunk = self.chunks[addr]
+        chunks, free = self.chunks, self.free
+        chunk = chunks[addr]
         chunk.in_use = False
         self.in_use -= chunk.size
         nxt = addr + chunk.size
-        if nxt < chunk.region_end and not self.chunks[nxt].in_use:
-            self._unlink_free(nxt)
-            self._merge(addr, nxt)
+        if nxt < chunk.region_end:
+            right = chunks[nxt]
+            if not right.in_use:  # merge the free right neighbour into this chunk
+                del free[bisect.bisect_left(free, (right.size, nxt))]
+                del chunks[nxt]
+                chunk.size += right.size
+                after = addr + chunk.size
+                if after < chunk.region_end:
+                    chunks[after].prev = addr
         prev = chunk.prev
-        if prev is not None and not self.chunks[prev].in_use:
-            self._unlink_free(prev)
-            self._merge(prev, addr)
-            addr = prev
-        bisect.insort(self.free, (self.chunks[addr].size, addr))
+        if prev is not None:
+            left = chunks[prev]
+            if not left.in_use:  # merge this chunk into the free left neighbour
+                del free[bisect.bisect_left(free, (left.size, prev))]
+                del chunks[addr]
+                left.size += chunk.size
+                after = prev + left.size
+                if after < left.region_end:
+                    chunks[after].prev = prev
+                addr, chunk = prev, left
+        bisect.insort(free, (chunk.size, addr))
 
     def _find(self, rounded: int) -> int | None:
-        i = bisect.bisect_left(self.free, (rounded, -1))
-        if i == len(self.free):
+        free = self.free
+        i = bisect.bisect_left(free, (rounded, -1))
+        if i == len(free):
             return None
-        size, addr = self.free.pop(i)
-        if size >= 2 * rounded or size - rounded >= _MAX_INTERNAL_FRAGMENTATION:
-            self._split(addr, rounded)
+        size, addr = free.pop(i)
         chunk = self.chunks[addr]
+        if size >= 2 * rounded or size - rounded >= _MAX_INTERNAL_FRAGMENTATION:
+            # split: the rest becomes a free chunk of its own
+            rest, rest_size = addr + rounded, size - rounded
+            self.chunks[rest] = _Chunk(rest_size, False, chunk.region_end, addr)
+            if rest + rest_size < chunk.region_end:
+                self.chunks[rest + rest_size].prev = rest
+            chunk.size = rounded
+            bisect.insort(free, (rest_size, rest))
         chunk.in_use = True
         self.in_use += chunk.size
         if self.in_use > self.peak:
             self.peak = self.in_use
         return addr
-
-    def _split(self, addr: int, rounded: int) -> None:
-        chunk = self.chunks[addr]
-        rest = addr + rounded
-        self.chunks[rest] = _Chunk(chunk.size - rounded, False, chunk.region_end, addr)
-        nxt = rest + chunk.size - rounded
-        if nxt < chunk.region_end:
-            self.chunks[nxt].prev = rest
-        chunk.size = rounded
-        bisect.insort(self.free, (self.chunks[rest].size, rest))
-
-    def _merge(self, left: int, right: int) -> None:
-        a, b = self.chunks[left], self.chunks.pop(right)
-        a.size += b.size
-        nxt = left + a.size
-        if nxt < a.region_end:
-            self.chunks[nxt].prev = left
-
-    def _unlink_free(self, addr: int) -> None:
-        i = bisect.bisect_left(self.free, (self.chunks[addr].size, addr))
-        del self.free[i]
 
     def _extend(self, rounded: int) -> None:
         available = (self.memory_limit - self.allocated_regions) // _MIN_ALLOC * _MIN_ALLOC
@@ -155,20 +154,31 @@ def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
 def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: bool) -> int:
     for nbytes in resident:
         model.allocate(nbytes)
+    events = _device_events(trace)
     for _ in range(2 if warmup else 1):
         model.reset_peak()
-        _replay(trace, model)
+        _replay(events, model)
     return model.peak
 
 
-def _replay(trace: Trace, model: BFCModel) -> None:
-    where: dict[int, int] = {}
-    release = model.release
-    allocate = model.allocate
+def _device_events(trace: Trace) -> list[tuple[int, int]]:
+    """(tensor, bytes rounded to the allocator's granularity) for each device allocation and
+    (tensor, 0) for each release, in trace order."""
     free = int(EventKind.FREE)
     device_allocs = (int(EventKind.ALLOC), int(EventKind.SWAP_IN))
-    for kind, _, tensor, nbytes, _, _ in trace.rows:
-        if kind in device_allocs:
-            where[tensor] = allocate(nbytes)
-        elif kind == free:
-            release(where.pop(tensor))
+    return [
+        (tensor, max(_MIN_ALLOC, -(-nbytes // _MIN_ALLOC) * _MIN_ALLOC) if kind != free else 0)
+        for kind, _, tensor, nbytes, _, _ in trace.rows
+        if kind == free or kind in device_allocs
+    ]
+
+
+def _replay(events: list[tuple[int, int]], model: BFCModel) -> None:
+    where = [0] * (1 + max((t for t, _ in events), default=0))  # chunk address by tensor
+    release, find, allocate = model.release, model._find, model.allocate
+    for tensor, rounded in events:
+        if rounded:
+            addr = find(rounded)
+            where[tensor] = addr if addr is not None else allocate(rounded)
+        else:
+            release(where[tensor])
