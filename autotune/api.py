@@ -96,6 +96,9 @@ class Simulation:
             "peak_op": r.peak_op,
             "peak_level": r.peak_level,
             "peak_step": r.peak_step,
+            "largest_at_peak": [
+                {"tensor": t, "bytes": b} for t, b in r.largest_at_peak(PEAK_TENSORS)
+            ],
             "simulate_seconds": self.simulate_seconds,
             "trace_seconds": self.trace_seconds,
             "schedule": self.schedule,
@@ -127,6 +130,8 @@ def capture(
 
 
 SCHEDULES = ("categorized", "recorded")
+#: How many of the largest tensors live at the peak `simulate --json` lists.
+PEAK_TENSORS = 10
 COSTS = ("analytical", "measured")
 
 

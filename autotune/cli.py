@@ -100,6 +100,8 @@ def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
     print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
     print(f"peak at      level {r.peak_level}, op {r.peak_op}  ({sim.schedule} order)")
+    for i, (tensor, nbytes) in enumerate(r.largest_at_peak(5)):
+        print(f"{'at the peak' if i == 0 else '':<12} {_sized(nbytes)}  {tensor}")
     if sim.step_seconds is not None:
         print(
             f"step time    {sim.step_seconds * 1e3:.2f} ms  (no swap "

@@ -173,8 +173,25 @@ def verification_table(tuned: TunedGraph) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
+def peak_table(tuned: TunedGraph, n: int = 10) -> pd.DataFrame:
+    """The largest buffers live at the tuned plan's peak: what a bigger batch runs into."""
+    import pandas as pd
+
+    memory = tuned.evaluation.result.memory
+    rows = []
+    for name, nbytes in memory.largest_at_peak(n):
+        tensor, _, copy = name.partition("@in")
+        held = f"swap-in {copy}" if copy else "original"
+        rows.append({"tensor": tensor, "MiB": round(nbytes / 2**20, 2), "buffer": held})
+    return pd.DataFrame(rows, columns=["tensor", "MiB", "buffer"])
+
+
 def _tables(tuned: TunedGraph) -> list[tuple[str, pd.DataFrame]]:
-    out = [("Methods at this batch (same engine, same budget)", methods_table(tuned))]
+    memory = tuned.evaluation.result.memory
+    out = [
+        ("Methods at this batch (same engine, same budget)", methods_table(tuned)),
+        (f"Largest tensors live at the peak (op {memory.peak_op})", peak_table(tuned)),
+    ]
     batches = batches_table(tuned)
     if batches is not None:
         out.append(("Largest batch per method", batches))

@@ -83,6 +83,11 @@ class SimResult:
         """Peak bytes above what was resident before the step."""
         return self.peak_bytes - self.persistent_bytes
 
+    def largest_at_peak(self, n: int = 10) -> list[tuple[str, int]]:
+        """The `n` largest tensors live at the peak of the walk, largest first, with bytes."""
+        live = self.trace.live_at(self.peak_step)
+        return sorted(live.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
 
 def _last_uses(graph: Graph, order: Order, tid: dict[str, int]) -> list[int]:
     """Position of each tensor's last consumer; step outputs live to the end of the step."""

@@ -36,6 +36,7 @@ class Event:
     host_bytes: int = 0
 
 
+_DEVICE_ALLOCS = (EventKind.ALLOC, EventKind.SWAP_IN)
 _Row = tuple[int, int, int, int, int, int]  # kind, step, tensor id, bytes, device live, host live
 
 
@@ -97,6 +98,22 @@ class Trace:
     def events(self) -> list[Event]:
         """All events as records, in order."""
         return list(self)
+
+    def live_at(self, step: int) -> dict[str, int]:
+        """Device bytes of each buffer live at the moment step `step` held the most: the
+        tensors behind a peak. A buffer is named by the tensor that allocated it (in-place and
+        forwarding results share it); swapped-in copies are named `tensor@inK`."""
+        top, at = -1, -1
+        for i, (_, s, _, _, live, _) in enumerate(self.rows):
+            if s == step and live > top:
+                top, at = live, i
+        held: dict[int, int] = {}
+        for kind, _, tensor, nbytes, _, _ in self.rows[: at + 1]:
+            if kind in _DEVICE_ALLOCS:
+                held[tensor] = nbytes
+            elif kind == EventKind.FREE:
+                held.pop(tensor, None)
+        return {self._tensors[t]: b for t, b in held.items()}
 
     def live_bytes(self) -> np.ndarray:
         """Live device bytes after each event."""

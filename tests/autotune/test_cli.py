@@ -37,6 +37,9 @@ def test_simulate_json_has_the_promised_keys() -> None:
         assert key in out
     assert out["peak_bytes"] > out["persistent_bytes"] > 0
     assert out["levels"] < out["ops"]
+    largest = [t["bytes"] for t in out["largest_at_peak"]]
+    assert 0 < len(largest) <= 10 and largest == sorted(largest, reverse=True)
+    assert out["persistent_bytes"] + sum(largest) <= out["live_peak_bytes"]
 
 
 @pytest.mark.tf

@@ -42,6 +42,10 @@ def test_fit_json_and_report_files(tmp_path: Path) -> None:
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["swaps"]) == out["swapped_tensors"] > 0
     assert (tmp_path / "study.db").exists() and (tmp_path / "trials.csv").exists()
+    report = (tmp_path / "report.md").read_text()
+    assert "## Largest tensors live at the peak (op " in report
+    table = report.split("## Largest tensors live at the peak")[1].split("##")[0]
+    assert "| original " in table or "| swap-in " in table
 
 
 def test_verify_runs_the_tuned_step_and_reports_what_it_measured(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ def test_chain_event_sequence_is_exact() -> None:
         ("FREE", "<end>", "op3:0", 1024),
     ]
     assert (r.peak_bytes, r.peak_op, r.persistent_bytes) == (3072, "op2", 1024)
+    assert r.largest_at_peak() == [("op1:0", 1024), ("op2:0", 1024)]
 
 
 def test_diamond_keeps_shared_input_until_last_reader() -> None:
@@ -121,6 +122,8 @@ def test_trace_invariants(g: Graph) -> None:
     assert r.peak_bytes == max(lives, default=r.persistent_bytes)
     assert (lives[-1] if lives else r.persistent_bytes) == r.persistent_bytes
     assert replay_peak(r.trace, list(r.resident_sizes)) >= r.peak_bytes
+    at_peak = r.largest_at_peak(n=len(g.tensors) + len(g.ops))
+    assert r.persistent_bytes + sum(b for _, b in at_peak) == r.peak_bytes
 
 
 def test_scratch_memory_counts_only_while_its_op_runs() -> None:
