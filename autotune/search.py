@@ -36,13 +36,15 @@ __all__ = [
     "single_plan",
 ]
 
-#: Budget = device memory x this ratio. Measured against the CPU allocator (median of 3 fresh
-#: processes, results/simulator_accuracy.md), the simulator's error on steps that peak at 0.5 GiB
-#: or more (ResNet-50) stayed within 2.5 % over three regenerations (+2.8 / -2.4 %, then within
-#: 0.3 %), and single processes spread 1-3 % around their median; 0.94 covers both. Smaller steps
-#: err more (up to -20 % at a few MiB, where the CPU allocator's 2 MiB region growth dominates)
-#: but are not what a GPU budget is about. A test re-derives the bound from the committed results.
-DEFAULT_SAFETY_RATIO = 0.94
+#: Budget = device memory x this ratio. Measured against the CPU allocator (3 fresh processes,
+#: results/simulator_accuracy.md), the simulator's error on steps that peak at 0.5 GiB or more
+#: (ResNet-50) stayed within 2.5 % of the median over three regenerations, but single processes
+#: spread more in the fifth: ResNet-50 at batch 16 measured up to 8.0 % above the prediction in
+#: one process (TensorFlow's executor order, and with it the peak, varies between processes).
+#: 0.92 covers every single process measured. Smaller steps err more (up to -20 % at a few MiB,
+#: where the CPU allocator's 2 MiB region growth dominates) but are not what a GPU budget is
+#: about. A test re-derives the bound from the committed results.
+DEFAULT_SAFETY_RATIO = 0.92
 #: The original tool's auto-tuner searched the trigger between `ahead` and 10 levels further.
 ORIGINAL_TRIGGER_WINDOW = 10
 
