@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from simulator.memory import SimResult, paused_gc
-from simulator.trace import EventKind, Trace
+from simulator.trace import DEVICE_ALLOCS, EventKind, Trace
 
 __all__ = ["BFCModel", "OutOfMemory", "replay_peak", "with_allocator"]
 
@@ -56,7 +56,7 @@ class BFCModel:
 
     def allocate(self, nbytes: int) -> int:
         """Place `nbytes` and return the chunk's address."""
-        rounded = max(_MIN_ALLOC, -(-nbytes // _MIN_ALLOC) * _MIN_ALLOC)
+        rounded = _rounded(nbytes)
         addr = self._find(rounded)
         if addr is None:
             self._extend(rounded)
@@ -74,25 +74,25 @@ class BFCModel:
         nxt = addr + chunk.size
         if nxt < chunk.region_end:
             right = chunks[nxt]
-            if not right.in_use:  # merge the free right neighbour into this chunk
+            if not right.in_use:  # the free right neighbour joins this chunk
                 del free[bisect.bisect_left(free, (right.size, nxt))]
-                del chunks[nxt]
-                chunk.size += right.size
-                after = addr + chunk.size
-                if after < chunk.region_end:
-                    chunks[after].prev = addr
+                self._merge(addr, chunk, nxt, right)
         prev = chunk.prev
         if prev is not None:
             left = chunks[prev]
-            if not left.in_use:  # merge this chunk into the free left neighbour
+            if not left.in_use:  # this chunk joins the free left neighbour
                 del free[bisect.bisect_left(free, (left.size, prev))]
-                del chunks[addr]
-                left.size += chunk.size
-                after = prev + left.size
-                if after < left.region_end:
-                    chunks[after].prev = prev
+                self._merge(prev, left, addr, chunk)
                 addr, chunk = prev, left
         bisect.insort(free, (chunk.size, addr))
+
+    def _merge(self, left_addr: int, left: _Chunk, right_addr: int, right: _Chunk) -> None:
+        """Fold the chunk at `right_addr` into its neighbour at `left_addr`."""
+        del self.chunks[right_addr]
+        left.size += right.size
+        after = left_addr + left.size
+        if after < left.region_end:
+            self.chunks[after].prev = left_addr
 
     def _find(self, rounded: int) -> int | None:
         free = self.free
@@ -165,12 +165,16 @@ def _device_events(trace: Trace) -> list[tuple[int, int]]:
     """(tensor, bytes rounded to the allocator's granularity) for each device allocation and
     (tensor, 0) for each release, in trace order."""
     free = int(EventKind.FREE)
-    device_allocs = (int(EventKind.ALLOC), int(EventKind.SWAP_IN))
     return [
-        (tensor, max(_MIN_ALLOC, -(-nbytes // _MIN_ALLOC) * _MIN_ALLOC) if kind != free else 0)
+        (tensor, _rounded(nbytes) if kind != free else 0)
         for kind, _, tensor, nbytes, _, _ in trace.rows
-        if kind == free or kind in device_allocs
+        if kind == free or kind in DEVICE_ALLOCS
     ]
+
+
+def _rounded(nbytes: int) -> int:
+    """`nbytes` rounded up to the allocator's granularity (at least one unit)."""
+    return max(_MIN_ALLOC, -(-nbytes // _MIN_ALLOC) * _MIN_ALLOC)
 
 
 def _replay(events: list[tuple[int, int]], model: BFCModel) -> None:

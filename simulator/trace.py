@@ -8,7 +8,7 @@ from enum import IntEnum
 
 import numpy as np
 
-__all__ = ["Event", "EventKind", "Trace"]
+__all__ = ["DEVICE_ALLOCS", "Event", "EventKind", "Trace"]
 
 
 class EventKind(IntEnum):
@@ -36,7 +36,8 @@ class Event:
     host_bytes: int = 0
 
 
-_DEVICE_ALLOCS = (EventKind.ALLOC, EventKind.SWAP_IN)
+#: Event kinds that take device memory: a new tensor, or a swapped-in copy.
+DEVICE_ALLOCS = frozenset({int(EventKind.ALLOC), int(EventKind.SWAP_IN)})
 _Row = tuple[int, int, int, int, int, int]  # kind, step, tensor id, bytes, device live, host live
 
 
@@ -109,7 +110,7 @@ class Trace:
                 top, at = live, i
         held: dict[int, int] = {}
         for kind, _, tensor, nbytes, _, _ in self.rows[: at + 1]:
-            if kind in _DEVICE_ALLOCS:
+            if kind in DEVICE_ALLOCS:
                 held[tensor] = nbytes
             elif kind == EventKind.FREE:
                 held.pop(tensor, None)
