@@ -178,14 +178,14 @@ def simulate_captured(
         )
     profile, graph = None, captured.graph
     if schedule == "recorded":
-        from autotune.profile import current_device
+        from autotune.measure import current_device
         from rewriter.optimized import optimized_graph
 
         graph = optimized_graph(captured, current_device())
     if schedule == "recorded" or (preset is not None and costs == "measured"):
         from autotune.profile import record_profile
 
-        profile = record_profile(captured, graph)
+        profile = record_profile(captured, graph=graph)
     engine = build_engine(
         captured, preset, costs, profile if schedule == "recorded" else None, profile, graph
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from rewriter.capture import Captured
 
-__all__ = ["Measurement", "MeasurementError", "measure", "prepare_measurement"]
+__all__ = ["Measurement", "MeasurementError", "current_device", "measure", "prepare_measurement"]
 
 
 class MeasurementError(RuntimeError):
@@ -49,12 +49,15 @@ def prepare_measurement() -> None:
         _check_setup(sys.modules["tensorflow"])
 
 
-def _device(tf: Any) -> str:
+def current_device() -> str:
+    """The device a step runs on: the first GPU if TensorFlow sees one, else the CPU."""
+    import tensorflow as tf
+
     return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
 
 
 def _check_setup(tf: Any) -> None:
-    device = _device(tf)
+    device = current_device()
     if device.startswith("CPU") and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
         raise MeasurementError(
             "measuring on the CPU needs TF_CPU_ALLOCATOR_USE_BFC=true set before TensorFlow "
@@ -91,7 +94,7 @@ def measure(captured: Captured, *args: Any, repeats: int = 3) -> Measurement:
     import tensorflow as tf
 
     _check_setup(tf)
-    device = _device(tf)
+    device = current_device()
     fn = captured.concrete_function
     inputs = list(args) or example_tensors(captured.specs)
     fn(*inputs)

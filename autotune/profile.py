@@ -34,10 +34,10 @@ class Profile:
         return {name: float(i) for i, name in enumerate(self.order)}
 
 
-def record_profile(captured: Captured, graph: Graph | None = None, *args: Any) -> Profile:
-    """Run the step once to warm up, then once under the profiler, and read the executed ops
-    that are ops of `graph` (by default the captured graph; pass the optimized one to match
-    fused ops too)."""
+def record_profile(captured: Captured, *args: Any, graph: Graph | None = None) -> Profile:
+    """Run the step once to warm up, then once under the profiler (on `args`, by default example
+    inputs), and read the executed ops that are ops of `graph` (by default the captured graph;
+    pass the optimized one to match fused ops too)."""
     from autotune.measure import example_tensors
 
     inputs = list(args) or example_tensors(captured.specs)
@@ -45,17 +45,12 @@ def record_profile(captured: Captured, graph: Graph | None = None, *args: Any) -
     return profile_function(captured.concrete_function, inputs, names)
 
 
-def current_device() -> str:
-    """The device a step runs on: the first GPU if TensorFlow sees one, else the CPU."""
-    import tensorflow as tf
-
-    return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
-
-
 def profile_function(fn: Any, inputs: list[Any], names: set[str]) -> Profile:
     """Warm `fn` up, run it once under the profiler (and, where the allocator reports it, read
     that step's peak), and return the ops among `names` in the order they ran."""
     import tensorflow as tf
+
+    from autotune.measure import current_device
 
     fn(*inputs)
     device = current_device()

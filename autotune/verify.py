@@ -52,6 +52,11 @@ class Verification:
     steps: int = 1
 
     @property
+    def place(self) -> str:
+        """Where it ran, for a sentence: 'GPU:0' or 'the emulated device'."""
+        return "the emulated device" if self.device == "emulated" else self.device
+
+    @property
     def error_percent(self) -> float | None:
         """(predicted − measured) / measured, in percent, for the tuned step."""
         if not self.tuned.peak_bytes:
@@ -98,17 +103,13 @@ def limit_gpu_memory(nbytes: int) -> bool:
     return True
 
 
-def _gpu() -> bool:
-    import tensorflow as tf
-
-    return bool(tf.config.list_physical_devices("GPU"))
-
-
 def rewrite_captured(captured: Captured, params: PlanParams, **options: Any) -> TunedStep:
     """Derive the plan for `params` and apply it: on the GPU if TensorFlow sees one (swap-outs
     to the host), else on the emulated device."""
+    from autotune.measure import current_device
+
     plan = derive_plan(PlanContext.build(captured.graph), params)
-    if _gpu():
+    if current_device() == "GPU:0":
         options = {"mode": "device", "compute_device": "/device:GPU:0", **options}
     return apply_plan(captured, plan, **options)
 
@@ -117,14 +118,14 @@ def verify_captured(captured: Captured, params: PlanParams, *, steps: int = 3) -
     """Run the tuned and the original step `steps` times after a warm-up each; compare."""
     import tensorflow as tf
 
-    from autotune.measure import _check_setup, example_tensors
+    from autotune.measure import _check_setup, current_device, example_tensors
 
     _check_setup(tf)
     # the schedule is pinned so that the run follows the order the plan was simulated in; the
     # pinned step matches the original to rounding (see rewriter.apply), which verify does not need
     tuned = rewrite_captured(captured, params, pin_order=True)
     inputs = example_tensors(captured.specs)
-    device = "GPU:0" if _gpu() else "CPU:0"
+    device = current_device()
     executed = _first_call(tuned, inputs)
     tuned_run = _run(tuned, inputs, device, steps)
     base_run = _run(captured.concrete_function, inputs, device, steps)
