@@ -17,7 +17,7 @@ from autotune.cli_options import (
     plan_params,
     size_arg,
 )
-from autotune.units import format_bytes
+from autotune.units import format_sized as _sized
 
 __all__ = ["main"]
 
@@ -41,10 +41,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
-
-
-def _sized(nbytes: int) -> str:
-    return f"{format_bytes(nbytes)} ({nbytes} B)"
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -236,9 +232,7 @@ def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> 
     print(f"\nmethods at batch {d['batch_size']}:")
     print(methods_table(tuned).to_string(index=False))
     if tuned.verification is not None:
-        where = tuned.verification.device
-        where = "the emulated device" if where == "emulated" else where
-        print(f"\nverified: the tuned and the original step run on {where}")
+        print(f"\nverified: the tuned and the original step run on {tuned.verification.place}")
         _print_verification(tuned.verification)
     print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
     print(f"report       {report}  (study {name!r}: resume by running the same command)")

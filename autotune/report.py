@@ -28,6 +28,10 @@ def _gib(nbytes: int | None) -> float | None:
     return None if nbytes is None else round(nbytes / GIB, 3)
 
 
+def _mib(nbytes: int) -> float:
+    return round(nbytes / (1 << 20), 2)
+
+
 def methods_table(tuned: TunedGraph) -> pd.DataFrame:
     """One row per method at the tuned batch: fits, predicted peak (GiB), overhead, cost."""
     import pandas as pd
@@ -164,8 +168,8 @@ def verification_table(tuned: TunedGraph) -> pd.DataFrame | None:
         rows.append(
             {
                 "step": label,
-                "measured peak (MiB)": round(measured / 2**20, 2) if measured else run.error,
-                "predicted peak (MiB)": round(predicted / 2**20, 2),
+                "measured peak (MiB)": _mib(measured) if measured else run.error,
+                "predicted peak (MiB)": _mib(predicted),
                 "error (%)": round(100 * (predicted / measured - 1), 1) if measured else None,
                 "step (ms)": round(run.step_seconds * 1e3, 1) if run.step_seconds else None,
             }
@@ -182,7 +186,7 @@ def peak_table(tuned: TunedGraph, n: int = 10) -> pd.DataFrame:
     for name, nbytes in memory.largest_at_peak(n):
         tensor, _, copy = name.partition("@in")
         held = f"swap-in {copy}" if copy else "original"
-        rows.append({"tensor": tensor, "MiB": round(nbytes / 2**20, 2), "buffer": held})
+        rows.append({"tensor": tensor, "MiB": _mib(nbytes), "buffer": held})
     return pd.DataFrame(rows, columns=["tensor", "MiB", "buffer"])
 
 
@@ -197,8 +201,7 @@ def _tables(tuned: TunedGraph) -> list[tuple[str, pd.DataFrame]]:
         out.append(("Largest batch per method", batches))
     verified = verification_table(tuned)
     if verified is not None:
-        where = "the emulated device" if tuned.verification.device == "emulated" else "the GPU"
-        out.append((f"Measured on {where} against predicted", verified))
+        out.append((f"Measured on {tuned.verification.place} against predicted", verified))
     return out
 
 

@@ -21,7 +21,7 @@ from autotune.engine import Engine, Evaluation
 from autotune.progress import Progress
 from autotune.search import DEFAULT_SAFETY_RATIO, Budget, Outcome, run_study
 from autotune.studies import default_storage, open_study, study_name
-from autotune.units import format_bytes
+from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
 from rewriter.plan import PlanParams
 from simulator import DevicePreset, SwapPlan, get_preset
@@ -38,10 +38,6 @@ class BudgetError(ValueError):
 
 class NoFitError(ValueError):
     """The search found no plan that fits (the study keeps its trials for a resumed search)."""
-
-
-def _sized(nbytes: int) -> str:
-    return f"{format_bytes(nbytes)} ({nbytes} B)"
 
 
 @dataclass

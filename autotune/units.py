@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["format_bytes", "format_sized", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -43,3 +43,8 @@ def format_bytes(nbytes: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def format_sized(nbytes: int) -> str:
+    """`nbytes` for a person and exactly, e.g. '1.25 GiB (1342177280 B)'."""
+    return f"{format_bytes(nbytes)} ({nbytes} B)"
