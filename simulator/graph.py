@@ -6,7 +6,7 @@ checks them after an import or a rewrite, in the manner of torch.fx.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 __all__ = ["Graph", "GraphError", "Op", "Tensor", "TensorKind"]
@@ -142,6 +142,27 @@ class Graph:
         succ = [c for t in op.outputs for c in self.tensors[t].consumers]
         succ += self.control_consumers.get(op_name, [])
         return list(dict.fromkeys(succ))
+
+    def with_control_edges(self, edges: tuple[tuple[str, str], ...]) -> Graph:
+        """A copy in which, for each `(before, after)`, op `after` also waits for op `before`.
+
+        Tensors are shared with this graph (control edges do not change them); ops that gain
+        an edge are copied. The copy is checked for cycles when it is ordered.
+        """
+        out = Graph(self.name)
+        out.ops = dict(self.ops)
+        out.tensors = self.tensors
+        out.outputs = list(self.outputs)
+        out.functions = list(self.functions)
+        out.control_consumers = {k: list(v) for k, v in self.control_consumers.items()}
+        for before, after in edges:
+            for name in (before, after):
+                if name not in self.ops:
+                    raise GraphError(f"control edge names op {name!r}, which is not in the graph")
+            op = out.ops[after]
+            out.ops[after] = replace(op, control_inputs=[*op.control_inputs, before])
+            out.control_consumers.setdefault(before, []).append(after)
+        return out
 
     def lint(self) -> None:
         """Check that every link is consistent in both directions; raise GraphError if not."""

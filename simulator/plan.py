@@ -43,11 +43,17 @@ class Swap:
 
 @dataclass(frozen=True)
 class SwapPlan:
-    """The swaps of one graph, with the parameters they came from (for reports and checks)."""
+    """The swaps of one graph, with the parameters they came from (for reports and checks).
+
+    `order_edges` are `(before, after)` pairs of ops: `after` waits for `before`. They keep
+    parallel branches from holding their large tensors at the same time; the simulator orders
+    the graph with them and the rewriter adds them as control edges.
+    """
 
     swaps: tuple[Swap, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
     graph_name: str = ""
+    order_edges: tuple[tuple[str, str], ...] = ()
 
     @property
     def swapped_bytes(self) -> int:
@@ -59,6 +65,7 @@ class SwapPlan:
         return {
             "params": dict(self.params),
             "graph": self.graph_name,
+            "order_edges": [list(e) for e in self.order_edges],
             "swaps": [
                 {
                     "tensor": s.tensor,
@@ -84,4 +91,5 @@ class SwapPlan:
             )
             for s in data.get("swaps", [])
         )
-        return cls(swaps, dict(data.get("params", {})), data.get("graph", ""))
+        edges = tuple((str(a), str(b)) for a, b in data.get("order_edges", []))
+        return cls(swaps, dict(data.get("params", {})), data.get("graph", ""), edges)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import strategies as st
+
 from simulator import Graph, Op, Tensor, TensorKind
 
 
@@ -99,4 +101,38 @@ def training_diamond() -> Graph:
     gb = add(g, "gradient_tape/b", gd + a + b, 512)
     gc = add(g, "gradient_tape/c", gb + a + c, 512)
     g.mark_outputs(gc)
+    return g
+
+
+@st.composite
+def random_graphs(draw: st.DrawFn) -> Graph:
+    g = Graph("random")
+    tensors = add(g, "x", [], draw(st.integers(0, 5000)), type="Placeholder", kind=TensorKind.INPUT)
+    for i in range(draw(st.integers(1, 25))):
+        k = draw(st.integers(1, min(3, len(tensors))))
+        ins = draw(st.lists(st.sampled_from(tensors), min_size=k, max_size=k, unique=True))
+        sizes = draw(st.lists(st.integers(0, 1 << 16), min_size=1, max_size=2))
+        fwd = {0: 0} if draw(st.booleans()) and sizes[0] == 0 else {}
+        inplace = (0,) if draw(st.booleans()) else ()
+        tensors += add(g, f"op{i}", ins, sizes, forwards=fwd, inplace=inplace)
+    g.mark_outputs(draw(st.lists(st.sampled_from(tensors), max_size=2, unique=True)))
+    return g
+
+
+def training_branches(big: int = 1 << 20) -> Graph:
+    """A residual-like block: f forks into branches a and b; in the backward pass each branch's
+    gradient makes two `big` tensors (like an unfused BatchNorm gradient) before the join."""
+    g = Graph("training_branches")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    f = add(g, "f", x, 1024)
+    a = add(g, "a", f, 1024)
+    b = add(g, "b", f, 1024)
+    j = add(g, "j", a + b, 256)
+    gj = add(g, "gradient_tape/j", j, 1024)
+    grads = []
+    for br, fwd in (("a", a), ("b", b)):
+        one = add(g, f"gradient_tape/{br}1", gj + fwd, big)
+        two = add(g, f"gradient_tape/{br}2", one, big)
+        grads += add(g, f"gradient_tape/{br}3", one + two, 1024)
+    g.mark_outputs(add(g, "gradient_tape/f", grads, 1024))
     return g

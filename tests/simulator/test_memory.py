@@ -1,7 +1,6 @@
 from collections import Counter
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from simulator import (
     EventKind,
@@ -13,7 +12,7 @@ from simulator import (
     simulate,
     simulate_memory,
 )
-from tests.simulator.builders import add, chain, diamond
+from tests.simulator.builders import add, chain, diamond, random_graphs
 
 
 def run(g: Graph):  # type: ignore[no-untyped-def]
@@ -84,21 +83,6 @@ def test_allocator_model_counts_whole_chunks() -> None:
     r = simulate(g)
     assert r.live_peak_bytes == 2 * (3 << 19)
     assert r.peak_bytes > r.live_peak_bytes
-
-
-@st.composite
-def random_graphs(draw: st.DrawFn) -> Graph:
-    g = Graph("random")
-    tensors = add(g, "x", [], draw(st.integers(0, 5000)), type="Placeholder", kind=TensorKind.INPUT)
-    for i in range(draw(st.integers(1, 25))):
-        k = draw(st.integers(1, min(3, len(tensors))))
-        ins = draw(st.lists(st.sampled_from(tensors), min_size=k, max_size=k, unique=True))
-        sizes = draw(st.lists(st.integers(0, 1 << 16), min_size=1, max_size=2))
-        fwd = {0: 0} if draw(st.booleans()) and sizes[0] == 0 else {}
-        inplace = (0,) if draw(st.booleans()) else ()
-        tensors += add(g, f"op{i}", ins, sizes, forwards=fwd, inplace=inplace)
-    g.mark_outputs(draw(st.lists(st.sampled_from(tensors), max_size=2, unique=True)))
-    return g
 
 
 @settings(max_examples=150, deadline=None)

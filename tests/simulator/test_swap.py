@@ -1,3 +1,6 @@
+import json
+from dataclasses import replace
+
 import pytest
 
 from rewriter.plan import PlanContext, PlanParams, derive_plan
@@ -209,3 +212,9 @@ def test_sync_survives_the_plan_round_trip() -> None:
     g = training_chain()
     plan = plan_for(g, sync_out=True)
     assert SwapPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_order_edges_survive_the_plan_round_trip() -> None:
+    plan = replace(plan_for(training_chain()), order_edges=(("f3", "gradient_tape/b2"),))
+    back = SwapPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert back == plan and back.order_edges == (("f3", "gradient_tape/b2"),)

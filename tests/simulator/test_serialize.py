@@ -1,0 +1,100 @@
+from hypothesis import given, settings
+
+from simulator import (
+    Graph,
+    GraphError,
+    Order,
+    SimResult,
+    TensorKind,
+    categorized_order,
+    compile_program,
+    simulate_memory,
+)
+from simulator.serialize import find_order_edges
+from tests.simulator.builders import add, random_graphs
+
+
+def live_peak(g: Graph) -> tuple[SimResult, Order]:
+    order = categorized_order(g)
+    return simulate_memory(compile_program(g, order)), order
+
+
+def two_branches() -> Graph:
+    """f forks into branches a and b, each holding two 4 KiB tensors, joined by j."""
+    g = Graph("two_branches")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    f = add(g, "f", x, 1024)
+    outs = []
+    for br in "ab":
+        one = add(g, f"{br}1", f, 4096)
+        two = add(g, f"{br}2", one, 4096)
+        outs += add(g, f"{br}3", one + two, 256)
+    g.mark_outputs(add(g, "j", outs, 256))
+    return g
+
+
+def test_with_control_edges_copies_and_leaves_the_original_alone() -> None:
+    g = two_branches()
+    h = g.with_control_edges((("a3", "b1"),))
+    assert h.predecessors("b1") == ["f", "a3"]
+    assert "b1" in h.successors("a3")
+    assert g.predecessors("b1") == ["f"] and "b1" not in g.successors("a3")
+    assert h.tensors is g.tensors
+
+
+def test_with_control_edges_rejects_unknown_ops_and_ordering_finds_cycles() -> None:
+    g = two_branches()
+    try:
+        g.with_control_edges((("a3", "nope"),))
+    except GraphError as err:
+        assert "nope" in str(err)
+    else:
+        raise AssertionError("an unknown op was accepted")
+    cyclic = g.with_control_edges((("a3", "a1"),))
+    try:
+        categorized_order(cyclic)
+    except GraphError as err:
+        assert "cycle" in str(err)
+    else:
+        raise AssertionError("a cycle was ordered")
+
+
+def test_interleaved_branches_are_serialized() -> None:
+    g = two_branches()
+    before, _ = live_peak(g)
+    # level by level both branches hold their two 4 KiB tensors when a3 runs:
+    # x 256 + a1, a2, b1, b2 (16384) + a3's output 256
+    assert before.peak_bytes == 256 + 4 * 4096 + 256
+    edges = find_order_edges(g, live_peak)
+    assert edges in ((("a3", "b1"),), (("b3", "a1"),))
+    after, _ = live_peak(g.with_control_edges(edges))
+    # one branch at a time; the peak is the first one's last op: x, f (kept for the later
+    # branch), the branch's two 4 KiB tensors and its output
+    assert after.peak_bytes == 256 + 1024 + 2 * 4096 + 256
+    assert after.peak_bytes < before.peak_bytes
+
+
+def test_ops_before_the_start_level_are_never_delayed() -> None:
+    g = two_branches()
+    order = categorized_order(g)
+    assert find_order_edges(g, live_peak, start_level=order.level["j"]) == ()
+
+
+def test_a_chain_has_nothing_to_serialize() -> None:
+    g = Graph("chain")
+    prev = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    for i in range(4):
+        prev = add(g, f"op{i}", prev, 4096)
+    g.mark_outputs(prev)
+    assert find_order_edges(g, live_peak) == ()
+
+
+@settings(max_examples=80, deadline=None)
+@given(random_graphs())
+def test_order_edges_keep_the_graph_acyclic_and_only_lower_the_peak(g: Graph) -> None:
+    edges = find_order_edges(g, live_peak)
+    peak = live_peak(g)[0].peak_bytes
+    for k in range(1, len(edges) + 1):
+        lower = live_peak(g.with_control_edges(edges[:k]))[0].peak_bytes  # orders: no cycle
+        assert lower < peak
+        peak = lower
