@@ -2,15 +2,18 @@
 
 The order, the lowered program, the plan context and the per-op timeline do not depend on the
 parameters, so a search (or one `simulate`) builds them once and then derives and simulates as
-many plans as it likes.
+many plans as it likes. Parameters with `serialize` are evaluated on a second engine: the graph
+with the order edges that lower its least-memory peak, found once and shared by the engines of
+one step at every batch size (`shared`), as the edges depend on the graph's structure.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from rewriter.plan import PlanContext, PlanParams, derive_plan
+from rewriter.plan import LEAST_MEMORY, PlanContext, PlanParams, derive_plan
 from simulator import (
     BFCModel,
     DevicePreset,
@@ -18,6 +21,7 @@ from simulator import (
     Order,
     PlanResult,
     Program,
+    SimResult,
     SwapPlan,
     Timeline,
     categorized_order,
@@ -26,6 +30,7 @@ from simulator import (
     simulate_plan,
 )
 from simulator.memory import paused_gc
+from simulator.serialize import Edge, find_order_edges
 
 __all__ = ["Engine", "Evaluation"]
 
@@ -63,6 +68,11 @@ class Engine:
     device: DevicePreset | None
     timeline: Timeline | None
     lower_bound: int
+    cost: dict[str, float] | None = None
+    recorded: bool = False
+    shared: dict[str, Any] = field(default_factory=dict)
+    edges: tuple[Edge, ...] = ()
+    _serialized: Engine | None = None
 
     @classmethod
     def build(
@@ -72,15 +82,67 @@ class Engine:
         order: Order | None = None,
         device: DevicePreset | None = None,
         cost: dict[str, float] | None = None,
+        shared: dict[str, Any] | None = None,
+        lower_bound: int | None = None,
     ) -> Engine:
         """Lower `graph`; with `cost` (per-op seconds) the time model is on. A cost model that
         gives no op any time (Grappler's resolution is a microsecond, so a tiny step can cost
-        nothing) leaves it off: no step time is then predicted rather than a made-up one."""
-        order = order or categorized_order(graph)
-        context = PlanContext.build(graph, categorized_order(graph))
-        timeline = Timeline.build(order, cost) if cost and any(cost.values()) else None
+        nothing) leaves it off: no step time is then predicted rather than a made-up one.
+        An `order` given (a recorded schedule) is kept: such an engine is never serialized.
+        `lower_bound` saves its computation when it is known (it does not depend on order)."""
+        levels = categorized_order(graph)
+        walk = order or levels
+        context = PlanContext.build(graph, levels)
+        timeline = Timeline.build(walk, cost) if cost and any(cost.values()) else None
+        program = compile_program(graph, walk)
+        bound = lower_bound_bytes(graph) if lower_bound is None else lower_bound
+        engine = cls(graph, walk, program, context, device, timeline, bound, cost)
+        engine.recorded = order is not None
+        engine.shared = {} if shared is None else shared
+        return engine
+
+    def serialized(self) -> Engine:
+        """This step with the order edges that lower its least-memory peak (itself when there
+        are none, or when its order was recorded)."""
+        if self.recorded or self.edges:
+            return self
+        if self._serialized is None:
+            if "edges" not in self.shared:
+                found = find_order_edges(
+                    self.graph, self._least_memory, start_level=self.backward_level()
+                )
+                self.shared["edges"] = found
+            self._serialized = self._with_edges(self.shared["edges"])
+        return self._serialized
+
+    def backward_level(self) -> int:
+        """The first level of the backward pass: its first op that reads anything."""
+        levels = (self.order.level[n] for n in self.context.backward if self.graph.predecessors(n))
+        return min(levels, default=0)
+
+    def _with_edges(self, edges: tuple[Edge, ...]) -> Engine:
+        if not edges:
+            return self
+        graph = self.graph.with_control_edges(edges)
+        engine = Engine.build(
+            graph,
+            device=self.device,
+            cost=self.cost,
+            shared=self.shared,
+            lower_bound=self.lower_bound,
+        )
+        engine.edges = edges
+        return engine
+
+    def _least_memory(self, graph: Graph) -> tuple[SimResult, Order]:
+        """The least-memory plan's simulation on `graph` (categorized order), for the search
+        of order edges."""
+        order = categorized_order(graph)
+        plan = derive_plan(PlanContext.build(graph, order), LEAST_MEMORY)
         program = compile_program(graph, order)
-        return cls(graph, order, program, context, device, timeline, lower_bound_bytes(graph))
+        with paused_gc():
+            result = simulate_plan(program, graph, plan, allocator=self.allocator())
+        return result.memory, order
 
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""
@@ -91,10 +153,16 @@ class Engine:
     ) -> Evaluation:
         """Derive the plan for `params` and simulate it (time model on if costs were given and
         `timed`; without it copies count as instant, as in the original tool's simulator)."""
+        if params.serialize and not self.edges:
+            target = self.serialized()
+            if target is not self:
+                return target.evaluate(params, allocator=allocator, timed=timed)
         start = time.perf_counter()
         link = self.device.link if self.device and timed else None
         with paused_gc():
             plan = derive_plan(self.context, params)
+            if self.edges:
+                plan = replace(plan, order_edges=self.edges)
             result = simulate_plan(
                 self.program,
                 self.graph,

@@ -3,8 +3,9 @@
 The captured function's GraphDef is imported into a `wrap_function` graph with every captured
 variable handle mapped in; for each swapped tensor a swap-out op is added on the host, swap-in
 ops on the compute device with a control dependency on their trigger, and the plan's readers
-are rerouted to the swap-ins. Swap ops carry `_grappler_do_not_remove`, so TensorFlow's graph
-optimizer keeps them (it removed plain Identity swap ops before, see REFERENCE.md).
+are rerouted to the swap-ins; the plan's order edges become control edges. Swap ops carry
+`_grappler_do_not_remove`, so TensorFlow's graph optimizer keeps them (it removed plain
+Identity swap ops before, see REFERENCE.md).
 
 Two modes. `device`: swap ops are Identity ops placed on the host and compute devices (a GPU
 and its host, or two logical CPUs in tests). `emulated`: the swap-out copies the tensor into a
@@ -21,10 +22,17 @@ from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
 from rewriter.plan import check_plan
-from simulator import Graph, InvalidPlan, SwapPlan, categorized_order, compile_program
+from simulator import (
+    Graph,
+    GraphError,
+    InvalidPlan,
+    SwapPlan,
+    categorized_order,
+    compile_program,
+)
 from simulator.swap import apply_plan as lower_plan
 
-__all__ = ["MODES", "TunedStep", "apply_plan", "validate_plan"]
+__all__ = ["MODES", "TunedStep", "apply_plan", "planned_graph", "validate_plan"]
 
 MODES = ("device", "emulated")
 _KEEP = "_grappler_do_not_remove"
@@ -60,7 +68,7 @@ class TunedStep:
 def validate_plan(captured: Captured, plan: SwapPlan) -> None:
     """Reject, before anything runs, a plan for another graph or another batch size, one that
     names missing ops or tensors, has a cycle, or reads a tensor while it is only on the host."""
-    graph = captured.graph
+    graph = planned_graph(captured, plan)
     for swap in plan.swaps:
         tensor = graph.tensors.get(swap.tensor)
         if tensor is None:
@@ -73,6 +81,14 @@ def validate_plan(captured: Captured, plan: SwapPlan) -> None:
     order = categorized_order(graph)
     check_plan(graph, order, plan)
     lower_plan(compile_program(graph, order), graph, plan)
+
+
+def planned_graph(captured: Captured, plan: SwapPlan) -> Graph:
+    """The captured graph with the plan's order edges (the graph the plan was simulated on)."""
+    try:
+        return captured.graph.with_control_edges(plan.order_edges)
+    except GraphError as err:
+        raise InvalidPlan(f"plan's order edges do not fit this graph: {err}") from None
 
 
 def apply_plan(
@@ -104,10 +120,12 @@ def apply_plan(
     def body(*inputs: Any) -> Any:
         g = tf.compat.v1.get_default_graph()
         out, fed = import_step(cf, graph_def, inputs)
+        for before, later in plan.order_edges:
+            g.get_operation_by_name(later)._add_control_input(g.get_operation_by_name(before))
         after = _insert_swaps(g, plan, mode, compute_device, host_device)
         names.extend(op.name for ops in after.values() for op in ops)
         if pin_order:
-            _pin(g, categorized_order(captured.graph).ops, after, fed)
+            _pin(g, categorized_order(planned_graph(captured, plan)).ops, after, fed)
         return out
 
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))

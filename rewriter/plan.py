@@ -20,7 +20,14 @@ from simulator.graph import Graph, TensorKind
 from simulator.order import Order, categorized_order
 from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
 
-__all__ = ["BACKWARD_SCOPES", "PlanContext", "PlanParams", "check_plan", "derive_plan"]
+__all__ = [
+    "BACKWARD_SCOPES",
+    "LEAST_MEMORY",
+    "PlanContext",
+    "PlanParams",
+    "check_plan",
+    "derive_plan",
+]
 
 #: Name scopes of the backward phase: TF2's GradientTape and TF1-style gradients.
 BACKWARD_SCOPES = ("gradient_tape/", "gradients/")
@@ -30,7 +37,11 @@ _NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
 @dataclass(frozen=True)
 class PlanParams:
-    """The swap parameters; the defaults are the original tool's (n_tensors=-1, lb=1, ub=10000)."""
+    """The swap parameters; the defaults are the original tool's (n_tensors=-1, lb=1, ub=10000).
+
+    `serialize` (ours, not the original tool's) adds the order edges that lower the step's
+    least-memory peak (`simulator.serialize`); the engine that evaluates the plan finds them.
+    """
 
     n_tensors: int = -1
     lb: int = 1
@@ -39,6 +50,7 @@ class PlanParams:
     groupby: int = 0
     trigger: str = "direct_order"
     sync_out: bool = False
+    serialize: bool = False
     include_types: tuple[str, ...] = ()
     exclude_types: tuple[str, ...] = ()
     include_scopes: tuple[str, ...] = ()
@@ -64,6 +76,11 @@ class PlanParams:
             k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
         }
         return cls(**fields)
+
+
+#: The corner that saves the most memory: every candidate, synchronized swap-outs, swap-ins
+#: just before their readers.
+LEAST_MEMORY = PlanParams(ub=1, sync_out=True)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 tf = pytest.importorskip("tensorflow")
 
 from autotune.api import capture  # noqa: E402
+from autotune.engine import Engine  # noqa: E402
 from autotune.measure import example_tensors  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
-from rewriter.apply import apply_plan  # noqa: E402
+from rewriter.apply import apply_plan, planned_graph  # noqa: E402
 from rewriter.plan import PlanContext, PlanParams, derive_plan  # noqa: E402
 from simulator import (  # noqa: E402
     InvalidPlan,
@@ -35,7 +36,7 @@ def _twins(model: str, params: PlanParams, mode: str = "emulated", pin: bool = F
     a, b = get_entry(model).build(seed=3), get_entry(model).build(seed=3)
     cap_a = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=BATCH[model])
     cap_b = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=BATCH[model])
-    plan = derive_plan(PlanContext.build(cap_b.graph), params)
+    plan = Engine.build(cap_b.graph).evaluate(params, allocator=False, timed=False).plan
     return (a, cap_a), (b, cap_b), apply_plan(cap_b, plan, mode=mode, pin_order=pin)
 
 
@@ -51,6 +52,7 @@ def _assert_same_step(model: str, params: PlanParams) -> None:
     fresh = get_entry(model).build(seed=3).model.weights[0]
     assert not np.array_equal(np.asarray(a.model.weights[0]), np.asarray(fresh))
     assert tuned.plan.swaps or params.n_tensors == 0
+    assert tuned.plan.order_edges or not params.serialize
 
 
 @pytest.mark.parametrize("model", EXACT)
@@ -61,6 +63,7 @@ def _assert_same_step(model: str, params: PlanParams) -> None:
         PlanParams(trigger="chain_rule", lb=2),
         PlanParams(groupby=5, lb=3, ub=20),
         PlanParams(ub=1, sync_out=True),
+        PlanParams(ub=1, sync_out=True, serialize=True),
     ],
 )
 def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanParams) -> None:
@@ -76,11 +79,13 @@ def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanPar
     groupby=st.integers(0, 4),
     trigger=st.sampled_from(["direct_order", "chain_rule"]),
     sync=st.booleans(),
+    serialize=st.booleans(),
 )
 def test_random_plans_train_bitwise_like_the_original(
-    model: str, n: int, lb: int, span: int, groupby: int, trigger: str, sync: bool
+    model: str, n: int, lb: int, span: int, groupby: int, trigger: str, sync: bool, serialize: bool
 ) -> None:
-    _assert_same_step(model, PlanParams(n, lb, lb + span, 1, groupby, trigger, sync))
+    params = PlanParams(n, lb, lb + span, 1, groupby, trigger, sync, serialize)
+    _assert_same_step(model, params)
 
 
 @pytest.mark.parametrize("mode", ["emulated", "device"])
@@ -91,6 +96,18 @@ def test_recaptured_pinned_rewrite_simulates_exactly_like_the_plan(model: str, m
     again = simulate_memory(compile_program(tuned.recapture()))
     assert again.persistent_bytes == planned.persistent_bytes
     assert again.peak_bytes == planned.peak_bytes
+
+
+@pytest.mark.parametrize("model", EXACT)
+def test_recaptured_rewrite_keeps_the_order_edges_and_simulates_like_the_plan(model: str) -> None:
+    _, (_, cap), tuned = _twins(model, PlanParams(ub=1, sync_out=True, serialize=True), pin=True)
+    assert tuned.plan.order_edges
+    graph = planned_graph(cap, tuned.plan)
+    planned = simulate_plan(compile_program(graph), graph, tuned.plan).memory
+    again = tuned.recapture()
+    for before, after in tuned.plan.order_edges:
+        assert before in again.ops[after].control_inputs
+    assert simulate_memory(compile_program(again)).peak_bytes == planned.peak_bytes
 
 
 @pytest.mark.parametrize("model", EXACT)

@@ -1,0 +1,44 @@
+from autotune.engine import Engine
+from rewriter.plan import PlanParams
+from tests.simulator.builders import training_branches, training_chain
+
+
+def test_serialize_evaluates_the_graph_with_order_edges_and_lowers_the_peak() -> None:
+    g = training_branches()
+    engine = Engine.build(g)
+    plain = engine.evaluate(PlanParams(n_tensors=0))
+    serial = engine.evaluate(PlanParams(n_tensors=0, serialize=True))
+    assert plain.plan.order_edges == ()
+    assert serial.plan.order_edges == engine.shared["edges"] != ()
+    # the two branches' 1 MiB gradients no longer live at once
+    assert plain.result.memory.live_peak_bytes - serial.result.memory.live_peak_bytes >= 1 << 20
+    first = engine.backward_level()
+    assert first == engine.order.level["gradient_tape/j"]
+    for before, after in serial.plan.order_edges:
+        assert engine.order.level[after] >= first and engine.order.level[before] >= first
+        assert g.predecessors(after)
+    assert serial.params.serialize and serial.plan.params["serialize"] is True
+
+
+def test_order_edges_are_found_once_and_shared_between_engines() -> None:
+    shared: dict = {}
+    one = Engine.build(training_branches(1 << 20), shared=shared)
+    one.evaluate(PlanParams(serialize=True))
+    edges = shared["edges"]
+    two = Engine.build(training_branches(1 << 21), shared=shared)
+    assert two.evaluate(PlanParams(serialize=True)).plan.order_edges == edges
+
+
+def test_without_parallel_branches_serialize_changes_nothing() -> None:
+    engine = Engine.build(training_chain())
+    plain = engine.evaluate(PlanParams())
+    serial = engine.evaluate(PlanParams(serialize=True))
+    assert serial.plan.order_edges == () and engine.serialized() is engine
+    assert serial.peak_bytes == plain.peak_bytes and serial.plan.swaps == plain.plan.swaps
+
+
+def test_a_recorded_order_is_never_serialized() -> None:
+    g = training_branches()
+    engine = Engine.build(g, order=Engine.build(g).order)
+    assert engine.serialized() is engine
+    assert engine.evaluate(PlanParams(serialize=True)).plan.order_edges == ()
