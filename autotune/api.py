@@ -92,6 +92,7 @@ class Simulation:
             "overhead": self.overhead,
             "swapped_tensors": self.swapped_tensors,
             "swapped_bytes": self.plan.swapped_bytes,
+            "order_edges": [list(e) for e in self.plan.order_edges],
             "params": self.evaluation.params.to_dict(),
             "peak_op": r.peak_op,
             "peak_level": r.peak_level,
@@ -213,9 +214,10 @@ def build_engine(
     recorded: Profile | None = None,
     profile: Profile | None = None,
     graph: Graph | None = None,
+    shared: dict[str, Any] | None = None,
 ) -> Engine:
     """The engine of a captured step (or of `graph`, the step as Grappler optimized it): its
-    order (recorded if given), costs for the preset."""
+    order (recorded if given), costs for the preset; `shared` as in `Engine.build`."""
     graph = graph or captured.graph
     order = scheduled_order(graph, recorded.priorities()) if recorded else None
     cost = None
@@ -226,7 +228,7 @@ def build_engine(
             from rewriter.costs import grappler_costs
 
             cost, _ = grappler_costs(captured.concrete_function, preset)
-    return Engine.build(graph, order=order, device=preset, cost=cost)
+    return Engine.build(graph, order=order, device=preset, cost=cost, shared=shared)
 
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:

@@ -82,6 +82,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3) -> None:
+    """The plan's order edges (`--serialize`), the first few by name."""
+    if not edges:
+        return
+    print(f"  ordered    {len(edges)} order edges keep parallel branches apart:")
+    for before, after in edges[:shown]:
+        print(f"             {after} waits for {before}")
+    if len(edges) > shown:
+        print(f"             ... and {len(edges) - shown} more (see --json)")
+
+
 def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     r = sim.result
     where = preset.name if preset else "CPU allocator model"
@@ -92,6 +103,7 @@ def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0:
         print(f"  no swap    {_sized(sim.baseline.peak_bytes)}")
         print(f"  swapped    {sim.swapped_tensors} tensors, {_sized(sim.plan.swapped_bytes)}")
+        _print_order_edges(sim.plan.order_edges)
         print(f"peak host    {_sized(r.host_peak_bytes)}")
     print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
     print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
@@ -225,6 +237,7 @@ def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> 
             f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
             f"{d['swapped_tensors']} tensors swapped"
         )
+        _print_order_edges(tuple(map(tuple, d["order_edges"])))
     batches = batches_table(tuned)
     if batches is not None:
         print("\nlargest batch that fits, per method:")

@@ -18,6 +18,7 @@ _PLAN_FLAGS = (
     "groupby",
     "trigger",
     "sync_out",
+    "serialize",
     "include_types",
     "exclude_types",
     "include_scopes",
@@ -74,6 +75,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="forward readers of a swapped tensor wait for its swap-out (original sync_mode 1)",
+    )
+    g.add_argument(
+        "--serialize",
+        action="store_const",
+        const=True,
+        help="add order edges that keep parallel branches from holding large tensors at once",
     )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")

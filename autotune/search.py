@@ -2,8 +2,10 @@
 
 A trial proposes `n_tensors`, `lb`, `ub`, `threshold` (how far a reader must lie to swap),
 `groupby` (fusion distance of swap-ins), the trigger strategy and whether swap-outs are
-synchronized (`sync_out`, which keeps the forward pass from outrunning the link); the engine
-derives the plan and simulates it. "Predicted peak <= budget" is an Optuna constraint and the
+synchronized (`sync_out`, which keeps the forward pass from outrunning the link) and whether
+order edges keep parallel branches apart (`serialize`: not the original tool's, so its
+baselines never use it; random search draws it from the same space); the engine derives the
+plan and simulates it. "Predicted peak <= budget" is an Optuna constraint and the
 predicted step time the objective (or peak and time as two objectives, Pareto front kept). The
 study is warm-started with the original tool's defaults and with what its auto-tuner picks, so
 it can only improve on them, and with the plan that saves the most memory, so that a budget that
@@ -19,11 +21,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.engine import Engine, Evaluation
-from rewriter.plan import TRIGGER_STRATEGIES, PlanParams
+from rewriter.plan import LEAST_MEMORY, TRIGGER_STRATEGIES, PlanParams
 
 __all__ = [
     "DEFAULT_SAFETY_RATIO",
@@ -91,6 +93,7 @@ class Space:
             groupby=trial.suggest_int("groupby", 0, self.levels),
             trigger=trial.suggest_categorical("trigger", list(TRIGGER_STRATEGIES)),
             sync_out=trial.suggest_categorical("sync_out", [False, True]),
+            serialize=trial.suggest_categorical("serialize", [False, True]),
         )
 
     def of_params(self, p: PlanParams) -> dict[str, Any]:
@@ -104,12 +107,13 @@ class Space:
             "groupby": min(p.groupby, self.levels),
             "trigger": p.trigger,
             "sync_out": p.sync_out,
+            "serialize": p.serialize,
         }
 
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
-        swap-ins just before their readers; if anything fits, this usually does."""
-        return self.of_params(PlanParams(ub=1, sync_out=True))
+        swap-ins just before their readers, order edges; if anything fits, this usually does."""
+        return self.of_params(replace(LEAST_MEMORY, serialize=True))
 
     def defaults(self) -> dict[str, Any]:
         """The original tool's defaults as trial parameters (ub=10000 reaches every level)."""

@@ -133,6 +133,7 @@ class TunedGraph:
             "params": self.params.to_dict(),
             "swapped_tensors": len(self.plan.swaps),
             "swapped_bytes": self.plan.swapped_bytes,
+            "order_edges": [list(e) for e in self.plan.order_edges],
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_host_peak_bytes": self.evaluation.result.host_peak_bytes,
             "predicted_step_seconds": self.predicted_step_seconds,

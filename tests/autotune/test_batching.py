@@ -63,3 +63,5 @@ def test_largest_batches_are_tight_and_ordered(steps: StepFamily) -> None:
         if method != "no swapping" and search.outcome and search.outcome.best:
             assert search.outcome.best.peak_bytes <= budget.bytes
     assert found["ours"].batch > n
+    warm = (found["original defaults"].batch, found["original auto-tuner"].batch)
+    assert found["ours"].batch >= max(warm)

@@ -49,6 +49,20 @@ def test_simulate_prints_units() -> None:
     assert "MiB" in out.stdout and " B)" in out.stdout and "level" in out.stdout
 
 
+@pytest.mark.tf
+def test_simulate_serialize_reports_its_order_edges_and_a_lower_peak() -> None:
+    args = ("simulate", "--model", "tiny-transformer", "--batch-size", "4", "--ub", "1")
+    plain = cli_json(*args, "--sync-out")
+    serial = cli_json(*args, "--sync-out", "--serialize")
+    assert plain["order_edges"] == [] and serial["order_edges"]
+    assert serial["params"]["serialize"] is True
+    assert serial["peak_bytes"] < plain["peak_bytes"]
+    out = run_cli(*args, "--sync-out", "--serialize")
+    assert f"{len(serial['order_edges'])} order edges" in out.stdout
+    before, after = serial["order_edges"][0]
+    assert f"{after} waits for {before}" in out.stdout
+
+
 def test_an_error_raised_while_handling_ctrl_c_still_reads_as_an_interrupt() -> None:
     from autotune.cli import _caused_by_interrupt
 
