@@ -172,6 +172,7 @@ def _print_verification(v: Any) -> None:
         f"swapped      {len(v.plan.swaps)} tensors; {len(v.executed)} of {v.swap_ops} swap ops "
         "ran (read from the executed graphs)"
     )
+    _print_order_edges(v.plan.order_edges)
     for label, run, pred in (
         ("tuned", v.tuned, v.predicted_peak_bytes),
         ("original", v.baseline, v.baseline_predicted_peak_bytes),

@@ -104,12 +104,12 @@ class TunedGraph:
         if self._step is None:
             if self.captured is None:
                 raise ValueError("this result holds no captured step to rewrite")
-            if not self.plan.swaps:
+            if not self.plan.swaps and not self.plan.order_edges:
                 self._step = self.captured.concrete_function
             else:
                 from autotune.verify import rewrite_captured
 
-                self._step = rewrite_captured(self.captured, self.params)
+                self._step = rewrite_captured(self.captured, self.plan)
         return self._step
 
     def __call__(self, *args: Any) -> Any:
@@ -163,7 +163,7 @@ class TunedGraph:
 
         if self.captured is None:
             raise ValueError("this result holds no captured step to run")
-        self.verification = verify_captured(self.captured, self.params, steps=steps)
+        self.verification = verify_captured(self.captured, self.plan, steps=steps)
         return self.verification
 
     def report(self, directory: str | Path) -> Path:

@@ -13,16 +13,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rewriter.apply import TunedStep, apply_plan
+from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
-from rewriter.plan import PlanContext, PlanParams, derive_plan
-from simulator import BFCModel, SwapPlan, compile_program, simulate_plan
+from rewriter.plan import PlanParams
+from simulator import BFCModel, Graph, SimResult, SwapPlan, compile_program, simulate_plan
 
 __all__ = [
     "Run",
     "Verification",
     "executed_swap_ops",
     "limit_gpu_memory",
+    "plan_for",
     "rewrite_captured",
     "verify_captured",
 ]
@@ -76,6 +77,7 @@ class Verification:
             "fits": self.tuned.error is None,
             "error": self.tuned.error,
             "swapped_tensors": len(self.plan.swaps),
+            "order_edges": len(self.plan.order_edges),
             "swap_ops": self.swap_ops,
             "swap_ops_executed": len(self.executed),
             "pinned_order": True,
@@ -103,18 +105,30 @@ def limit_gpu_memory(nbytes: int) -> bool:
     return True
 
 
-def rewrite_captured(captured: Captured, params: PlanParams, **options: Any) -> TunedStep:
-    """Derive the plan for `params` and apply it: on the GPU if TensorFlow sees one (swap-outs
-    to the host), else on the emulated device."""
+def plan_for(captured: Captured, plan: PlanParams | SwapPlan) -> SwapPlan:
+    """`plan` itself, or the plan its parameters give on the captured graph (with the order
+    edges `serialize` finds there)."""
+    if isinstance(plan, SwapPlan):
+        return plan
+    from autotune.engine import Engine
+
+    return Engine.build(captured.graph).evaluate(plan, allocator=False, timed=False).plan
+
+
+def rewrite_captured(captured: Captured, plan: PlanParams | SwapPlan, **options: Any) -> TunedStep:
+    """Apply `plan` (or derive it from parameters first): on the GPU if TensorFlow sees one
+    (swap-outs to the host), else on the emulated device."""
     from autotune.measure import current_device
 
-    plan = derive_plan(PlanContext.build(captured.graph), params)
+    plan = plan_for(captured, plan)
     if current_device() == "GPU:0":
         options = {"mode": "device", "compute_device": "/device:GPU:0", **options}
     return apply_plan(captured, plan, **options)
 
 
-def verify_captured(captured: Captured, params: PlanParams, *, steps: int = 3) -> Verification:
+def verify_captured(
+    captured: Captured, plan: PlanParams | SwapPlan, *, steps: int = 3
+) -> Verification:
     """Run the tuned and the original step `steps` times after a warm-up each; compare."""
     import tensorflow as tf
 
@@ -123,17 +137,16 @@ def verify_captured(captured: Captured, params: PlanParams, *, steps: int = 3) -
     _check_setup(tf)
     # the schedule is pinned so that the run follows the order the plan was simulated in; the
     # pinned step matches the original to rounding (see rewriter.apply), which verify does not need
-    tuned = rewrite_captured(captured, params, pin_order=True)
+    tuned = rewrite_captured(captured, plan, pin_order=True)
     inputs = example_tensors(captured.specs)
     device = current_device()
     executed = _first_call(tuned, inputs)
     tuned_run = _run(tuned, inputs, device, steps)
     base_run = _run(captured.concrete_function, inputs, device, steps)
     growth = device == "CPU:0"  # the CPU's BFC grows regions; a GPU's holds one
-    program = compile_program(captured.graph)
     predicted, base = (
-        simulate_plan(program, captured.graph, plan, allocator=BFCModel(allow_growth=growth))
-        for plan in (tuned.plan, SwapPlan())
+        _predict(planned_graph(captured, p), p, BFCModel(allow_growth=growth))
+        for p in (tuned.plan, SwapPlan())
     )
     return Verification(
         "GPU:0" if device == "GPU:0" else "emulated",
@@ -146,6 +159,10 @@ def verify_captured(captured: Captured, params: PlanParams, *, steps: int = 3) -
         executed,
         steps,
     )
+
+
+def _predict(graph: Graph, plan: SwapPlan, allocator: BFCModel) -> SimResult:
+    return simulate_plan(compile_program(graph), graph, plan, allocator=allocator).memory
 
 
 def _first_call(tuned: TunedStep, inputs: list[Any]) -> dict[str, str]:

@@ -2,8 +2,9 @@
 
 Stages: simulator accuracy (predicted against measured on the CPU, and Grappler's estimate),
 swap plans at one large batch, the largest batch and cube per method on the NVLink and PCIe
-presets, a full tuning report for ResNet-50 (`fit --max-batch`), then `README.md`, whose numbers
-are read from the files those stages wrote. `--quick` runs tiny models only (CI-sized) and
+presets, what order edges save when the step runs (measured), a full tuning report for
+ResNet-50 (`fit --max-batch`), then `README.md`, whose numbers are read from the files those
+stages wrote. `--quick` runs tiny models only (CI-sized) and
 writes to `results/quick` unless `--out` says otherwise.
 """
 
@@ -41,6 +42,13 @@ def _max_batch(out: Path, quick: bool) -> None:
     max_batch.main(["--out", str(out), "--trials", "10" if quick else "50"] + ["--quick"] * quick)
 
 
+def _order_edges(out: Path, quick: bool) -> None:
+    from autotune.benchmarks import order_edges
+
+    extra = ["--model", "tiny-transformer", "--batch", "4"] if quick else []
+    order_edges.main(["--out", str(out), *extra])
+
+
 def _report(out: Path, quick: bool) -> None:
     from autotune.tuning import fit
     from autotune.zoo import get_entry
@@ -61,6 +69,7 @@ STAGES: dict[str, Callable[[Path, bool], None]] = {
     "simulator accuracy": _accuracy,
     "swap plans": _swap_plans,
     "largest batch per method": _max_batch,
+    "order edges measured": _order_edges,
     "tuning report": _report,
 }
 
@@ -104,6 +113,7 @@ def readme(out: Path, seconds: dict[str, float], quick: bool) -> str:
         *_accuracy_section(_load(out / "simulator_accuracy.json")),
         *_plans_section(_load(out / "swap_plans.json")),
         *_batch_section(_load(out / "max_batch.json")),
+        *_edges_section(_load(out / "order_edges.json")),
         *_report_section(out),
     ]
     return "\n".join(lines) + "\n"
@@ -184,6 +194,24 @@ def _batch_section(tables: Any) -> list[str]:
             f"{ours['ratio']:.2f}x at {_x(ours['overhead'])} time | {t['seconds']:.0f} |"
         )
     return [*lines, ""]
+
+
+def _edges_section(d: Any) -> list[str]:
+    if not d:
+        return []
+    plain, serial = d["runs"]["False"], d["runs"]["True"]
+    saved = 1 - serial["measured_peak_bytes"] / plain["measured_peak_bytes"]
+    return [
+        "## Order edges (measured): `order_edges.md`",
+        "",
+        f"{d['model']} at batch {d['batch']}, least-memory plan run on the {plain['device']} "
+        f"device: measured peak {format_bytes(plain['measured_peak_bytes'])} without order "
+        f"edges, {format_bytes(serial['measured_peak_bytes'])} with "
+        f"{serial['order_edges']} ({saved:.1%} lower; predicted "
+        f"{format_bytes(plain['predicted_peak_bytes'])} and "
+        f"{format_bytes(serial['predicted_peak_bytes'])}).",
+        "",
+    ]
 
 
 def _report_section(out: Path) -> list[str]:

@@ -30,6 +30,8 @@ SETTINGS: list[tuple[str, PlanParams]] = [
     ("n=100, lb=5", PlanParams(n_tensors=100, lb=5)),
     ("chain rule, lb=5", PlanParams(lb=5, trigger="chain_rule")),
     ("lb=5, groupby=5, threshold=20", PlanParams(lb=5, groupby=5, threshold=20)),
+    ("least memory (ub=1, sync_out)", PlanParams(ub=1, sync_out=True)),
+    ("least memory, order edges", PlanParams(ub=1, sync_out=True, serialize=True)),
 ]
 
 
