@@ -46,11 +46,13 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     space = Space(candidates=20, levels=300)
     trial = optuna.trial.FixedTrial(
         {"n_tensors": 20, "lb": 40, "ub": 7, "threshold": 3, "groupby": 2, "trigger": "chain_rule",
-         "sync_out": True}
+         "sync_out": True, "serialize": True}
     )  # fmt: skip
     p = space.suggest(trial)
     assert (p.n_tensors, p.lb, p.ub, p.threshold, p.groupby) == (-1, 7, 40, 3, 2)
-    assert p.trigger == "chain_rule" and p.sync_out
+    assert p.trigger == "chain_rule" and p.sync_out and p.serialize
+    assert space.of_params(p)["serialize"] is True
+    assert space.least_memory()["serialize"] is True and space.defaults()["serialize"] is False
 
 
 @pytest.mark.parametrize("limit", [1, 2, 37, 99, 100])
