@@ -101,13 +101,14 @@ class Steps(Protocol):
 @dataclass
 class CapturedSteps:
     """Engines from a capture at every size asked for (for sizes that are not affine, such as
-    a 3D U-Net's cube edge); each capture is kept, and each engine finds its own order edges
-    (op names may differ between captures)."""
+    a 3D U-Net's cube edge); each capture is kept. Order edges are shared as long as the
+    captures have their ops."""
 
     capture_at: Callable[[int], Captured]
     device: DevicePreset | None
     trace_seconds: float = 0.0
     _engines: dict[int, Engine] = field(default_factory=dict)
+    _shared: dict[str, Any] = field(default_factory=dict)
 
     def engine(self, n: int) -> Engine:
         if n not in self._engines:
@@ -115,7 +116,7 @@ class CapturedSteps:
 
             cap = self.capture_at(n)
             self.trace_seconds += cap.trace_seconds
-            self._engines[n] = build_engine(cap, self.device)
+            self._engines[n] = build_engine(cap, self.device, shared=self._shared)
         return self._engines[n]
 
     def lower_bound(self, n: int) -> int:

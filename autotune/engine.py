@@ -4,7 +4,8 @@ The order, the lowered program, the plan context and the per-op timeline do not 
 parameters, so a search (or one `simulate`) builds them once and then derives and simulates as
 many plans as it likes. Parameters with `serialize` are evaluated on a second engine: the graph
 with the order edges that lower its least-memory peak, found once and shared by the engines of
-one step at every batch size (`shared`), as the edges depend on the graph's structure.
+one step at every batch size (`shared`), as the edges depend on the graph's structure (found
+again for a graph that lacks one of their ops).
 """
 
 from __future__ import annotations
@@ -107,12 +108,13 @@ class Engine:
         if self.recorded or self.edges:
             return self
         if self._serialized is None:
-            if "edges" not in self.shared:
-                found = find_order_edges(
+            edges = self.shared.get("edges")
+            if edges is None or any(n not in self.graph.ops for e in edges for n in e):
+                edges = find_order_edges(
                     self.graph, self._least_memory, start_level=self.backward_level()
                 )
-                self.shared["edges"] = found
-            self._serialized = self._with_edges(self.shared["edges"])
+                self.shared["edges"] = edges
+            self._serialized = self._with_edges(edges)
         return self._serialized
 
     def backward_level(self) -> int:

@@ -42,3 +42,11 @@ def test_a_recorded_order_is_never_serialized() -> None:
     engine = Engine.build(g, order=Engine.build(g).order)
     assert engine.serialized() is engine
     assert engine.evaluate(PlanParams(serialize=True)).plan.order_edges == ()
+
+
+def test_shared_edges_naming_ops_a_graph_lacks_are_found_again() -> None:
+    shared: dict = {"edges": (("elsewhere", "gradient_tape/b1"),)}
+    engine = Engine.build(training_branches(), shared=shared)
+    plan = engine.evaluate(PlanParams(serialize=True)).plan
+    assert plan.order_edges and all(n in engine.graph.ops for e in plan.order_edges for n in e)
+    assert shared["edges"] == plan.order_edges
