@@ -172,9 +172,9 @@ def simulate_captured(
     _check_choice("schedule", schedule, SCHEDULES)
     _check_choice("costs", costs, COSTS)
     preset = get_preset(device) if isinstance(device, str) else device
-    if schedule == "recorded" and params is not None and params.n_tensors != 0:
+    if schedule == "recorded" and params is not None and (params.n_tensors or params.serialize):
         raise ValueError(
-            "a recorded schedule simulates the step as it ran, without swaps; "
+            "a recorded schedule simulates the step as it ran, without swaps or order edges; "
             "simulate plans in the categorized order"
         )
     profile, graph = None, captured.graph

@@ -1,10 +1,11 @@
 """Order edges: control edges that keep parallel branches from holding large tensors at once.
 
 In the categorized order, independent branches advance level by level together. In ResNet-50's
-backward pass the two branches of a block each run an unfused BatchNorm gradient, and at batch
-700 the eight activation-sized tensors they hold at once are the step's peak; no swap removes
-them, as each is made and read within a few levels. Letting one branch start only after the
-other has freed its tensors removes half of them.
+backward pass the two branches of a block each run an unfused BatchNorm gradient, and the eight
+activation-sized tensors they hold at once are the step's peak under every swap plan, as each
+is made and read within a few levels. One edge that lets the second branch's gradient start
+after the first has freed its tensors leaves five of them (ResNet-50 at batch 1000 on the
+least-memory plan: 24.9 GiB without, 15.9 GiB with).
 
 `find_order_edges` searches such edges greedily, driven by the simulation: at the peak, for each
 pair of large live tensors made by independent ops, it tries to delay the second tensor's

@@ -120,6 +120,12 @@ def test_max_batch_for_a_custom_step(tmp_path) -> None:  # type: ignore[no-untyp
     assert set(d["baselines"]) == {
         "no swapping", "original defaults", "original auto-tuner", "random search"
     }  # fmt: skip
+    # the plan simulated on the graph built from two captures applies to the step captured at
+    # the batch found, as it is (order edges included)
+    from autotune.measure import example_tensors
+
+    assert np.isfinite(tuned(*example_tensors(tuned.captured.specs)).numpy())
+    assert tuned.plan.swaps and tuned.step.plan == tuned.plan
 
 
 def test_two_objectives_keep_the_pareto_front(tmp_path) -> None:  # type: ignore[no-untyped-def]
