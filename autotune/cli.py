@@ -389,11 +389,39 @@ def _prepare_environment() -> None:
     prepare_measurement()
 
 
+def _import_tensorflow_quietly() -> None:
+    """Import TensorFlow with its C++ start-up lines kept off stderr: they are printed before
+    its logging is set up, so TF_CPP_MIN_LOG_LEVEL cannot silence them. If the import fails,
+    they are written out after all, before the error."""
+    import tempfile
+
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException as err:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            if isinstance(err, ImportError):
+                raise RuntimeError(
+                    f"TensorFlow cannot be imported ({err}); install it with "
+                    "pip install -e '.[cpu]' (or '.[gpu]' on a CUDA machine)"
+                ) from None
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     _prepare_environment()
     try:
         args = build_parser().parse_args(argv)
+        if args.command != "models":
+            _import_tensorflow_quietly()
         return int(args.func(args))
     except KeyboardInterrupt:
         return _interrupted()

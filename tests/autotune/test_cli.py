@@ -47,6 +47,29 @@ def test_simulate_prints_units() -> None:
     out = run_cli("simulate", "--model", "tiny-cnn", "--batch-size", "4")
     assert out.returncode == 0, out.stderr
     assert "MiB" in out.stdout and " B)" in out.stdout and "level" in out.stdout
+    assert "InitializeLog" not in out.stderr and "oneDNN" not in out.stderr  # TF's start-up
+
+
+_WITHOUT_TENSORFLOW = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            raise ImportError("No module named 'tensorflow'")
+sys.meta_path.insert(0, Block())
+from autotune.cli import main
+sys.exit(main(["simulate", "--model", "tiny-cnn", "--batch-size", "2"]))
+"""
+
+
+def test_without_tensorflow_the_cli_says_how_to_install_it() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TENSORFLOW], capture_output=True, text=True, timeout=120
+    )
+    _one_line_error(out, "pip install -e '.[cpu]'")
 
 
 @pytest.mark.tf
@@ -61,6 +84,13 @@ def test_simulate_serialize_reports_its_order_edges_and_a_lower_peak() -> None:
     assert f"{len(serial['order_edges'])} order edges" in out.stdout
     before, after = serial["order_edges"][0]
     assert f"{after} waits for {before}" in out.stdout
+
+
+@pytest.mark.tf
+def test_a_recorded_schedule_refuses_order_edges() -> None:
+    args = ["--schedule", "recorded", "--n-tensors", "0", "--serialize"]
+    out = run_cli("simulate", "--model", "tiny-cnn", "--batch-size", "2", *args)
+    _one_line_error(out, "categorized order")
 
 
 def test_an_error_raised_while_handling_ctrl_c_still_reads_as_an_interrupt() -> None:
