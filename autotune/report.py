@@ -241,6 +241,7 @@ def _facts(tuned: TunedGraph) -> list[str]:
         f"- tuned: peak {format_bytes(d['predicted_peak_bytes'])}, "
         f"{d['swapped_tensors']} tensors swapped, overhead {_x(d['predicted_overhead'])}",
         f"- parameters: `{json.dumps(_short(d['params']))}`",
+        *(f"- order edge: `{after}` waits for `{before}`" for before, after in d["order_edges"]),
         f"- tuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s, "
         f"{d['trials']} trials",
     ]

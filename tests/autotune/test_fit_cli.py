@@ -41,11 +41,15 @@ def test_fit_json_and_report_files(tmp_path: Path) -> None:
     assert summary["params"] == out["params"]
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["swaps"]) == out["swapped_tensors"] > 0
+    assert plan["order_edges"] == out["order_edges"]  # none, or the ones the study chose
+    assert out["order_edges"] == [] or out["params"]["serialize"] is True
     assert (tmp_path / "study.db").exists() and (tmp_path / "trials.csv").exists()
     report = (tmp_path / "report.md").read_text()
     assert "## Largest tensors live at the peak (op " in report
     table = report.split("## Largest tensors live at the peak")[1].split("##")[0]
     assert "| original " in table or "| swap-in " in table
+    for before, after in out["order_edges"]:
+        assert f"- order edge: `{after}` waits for `{before}`" in report
 
 
 def test_verify_runs_the_tuned_step_and_reports_what_it_measured(tmp_path: Path) -> None:
