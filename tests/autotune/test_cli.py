@@ -81,7 +81,7 @@ def test_simulate_serialize_reports_its_order_edges_and_a_lower_peak() -> None:
     assert serial["params"]["serialize"] is True
     assert serial["peak_bytes"] < plain["peak_bytes"]
     out = run_cli(*args, "--sync-out", "--serialize")
-    assert f"{len(serial['order_edges'])} order edges" in out.stdout
+    assert f"{len(serial['order_edges'])} order edge" in out.stdout
     before, after = serial["order_edges"][0]
     assert f"{after} waits for {before}" in out.stdout
 
