@@ -104,8 +104,8 @@ def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0:
         print(f"  no swap    {_sized(sim.baseline.peak_bytes)}")
         print(f"  swapped    {sim.swapped_tensors} tensors, {_sized(sim.plan.swapped_bytes)}")
-        _print_order_edges(sim.plan.order_edges)
         print(f"peak host    {_sized(r.host_peak_bytes)}")
+    _print_order_edges(sim.plan.order_edges)
     print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
     print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
     print(f"peak at      level {r.peak_level}, op {r.peak_op}  ({sim.schedule} order)")
