@@ -60,9 +60,33 @@ def _rdb(url: str) -> Any:
     import optuna
 
     sqlite = url.startswith("sqlite")
-    return optuna.storages.RDBStorage(
+    storage = optuna.storages.RDBStorage(
         url, engine_kwargs={"connect_args": {"timeout": 60}} if sqlite else {}
     )
+    if sqlite:
+        _immediate_transactions(storage.engine)
+    return storage
+
+
+def _immediate_transactions(engine: Any) -> None:
+    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
+
+    SQLite ignores SELECT ... FOR UPDATE, so two workers can both read an enqueued trial as
+    waiting and both claim it; the second then fails to record it ("Cannot tell a COMPLETE
+    trial", optuna/optuna#4002). Taking the lock at BEGIN serializes the claim. SQLAlchemy's
+    recipe for pysqlite: its own BEGIN is turned off and ours issued instead.
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the listeners were set are not reused
 
 
 def _raced(err: Exception) -> bool:

@@ -34,3 +34,21 @@ def test_study_names_follow_model_batch_device_and_budget() -> None:
         study_name("path/to/my model.py:build", 64, "v100", 123)
         == "my_model.py_build-b64-v100-123B"
     )
+
+
+def test_sqlite_transactions_take_the_write_lock_when_they_begin(tmp_path: Path) -> None:
+    # what keeps two workers from claiming the same enqueued trial: a transaction of one holds
+    # the lock from its BEGIN, so another cannot even begin (pysqlite alone would begin lazily)
+    import sqlite3
+
+    from autotune.studies import _storage
+
+    db = tmp_path / "lock.db"
+    engine = _storage(f"sqlite:///{db}").engine
+    other = sqlite3.connect(db, timeout=0.1, isolation_level=None)
+    locked = pytest.raises(sqlite3.OperationalError, match="locked")
+    with engine.connect() as conn, conn.begin(), locked:
+        other.execute("BEGIN IMMEDIATE")
+    other.execute("BEGIN IMMEDIATE")  # free again once the transaction ended
+    other.execute("ROLLBACK")
+    other.close()
