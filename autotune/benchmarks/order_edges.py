@@ -10,12 +10,11 @@ and prints measured against predicted peaks and step times for both and for the 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.benchmarks.common import cli_json, write_result
 from autotune.units import format_bytes
 
 LEAST_MEMORY_FLAGS = ("--ub", "1", "--sync-out")
@@ -23,15 +22,7 @@ LEAST_MEMORY_FLAGS = ("--ub", "1", "--sync-out")
 
 def _verify(model: str, batch: int, serialize: bool) -> dict[str, Any]:
     args = ["verify", "--model", model, "--batch-size", str(batch), *LEAST_MEMORY_FLAGS]
-    out = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args, *(["--serialize"] * serialize), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"autotune verify failed: {out.stderr.strip().splitlines()[-1:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    return cli_json(*args, *(["--serialize"] * serialize))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,11 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "runs": {str(s): r for s, r in runs.items()},
     }
-    lines = _lines(report)
-    print("\n".join(lines))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "order_edges.md").write_text("\n".join(lines) + "\n")
-    (args.out / "order_edges.json").write_text(json.dumps(report, indent=1))
+    write_result(args.out, "order_edges", _lines(report), report)
     return 0
 
 

@@ -12,13 +12,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from autotune.benchmarks.common import cli_json
 from autotune.units import format_bytes
 
 FULL = [
@@ -63,20 +62,6 @@ class Row:
         return self.grappler / self.measured - 1
 
 
-def _cli(*args: str) -> dict[str, Any]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    out = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args, "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if out.returncode:
-        raise RuntimeError(f"autotune {' '.join(args)} failed: {out.stderr.strip()[-500:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
 def _model_args(model: str, batch: int, cube: int | None) -> list[str]:
     return ["--model", model, "--batch-size", str(batch)] + (["--cube", str(cube)] if cube else [])
 
@@ -92,8 +77,8 @@ def _case(model: str, batch: int, cube: int | None, processes: int) -> Row:
     sim = simulate_captured(cap)
     g_peak, g_seconds = grappler_peak(cap.concrete_function)
     args = _model_args(model, batch, cube)
-    peaks = [int(_cli("measure", *args)["peak_bytes"]) for _ in range(processes)]
-    rec = _cli("simulate", *args, "--schedule", "recorded")
+    peaks = [int(cli_json("measure", *args)["peak_bytes"]) for _ in range(processes)]
+    rec = cli_json("simulate", *args, "--schedule", "recorded")
     return Row(
         model,
         batch,

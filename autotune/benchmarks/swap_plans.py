@@ -10,7 +10,6 @@ simulated.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune.benchmarks.common import write_result
 from autotune.units import format_bytes
 from rewriter.plan import PlanParams
 
@@ -98,11 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "timing": timing,
     }
-    lines = _lines(report)
-    print("\n".join(lines))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "swap_plans.md").write_text("\n".join(lines) + "\n")
-    (args.out / "swap_plans.json").write_text(json.dumps(report, indent=1))
+    write_result(args.out, "swap_plans", _lines(report), report)
     return 0
 
 
