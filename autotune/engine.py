@@ -137,14 +137,10 @@ class Engine:
         return engine
 
     def _least_memory(self, graph: Graph) -> tuple[SimResult, Order]:
-        """The least-memory plan's simulation on `graph` (categorized order), for the search
-        of order edges."""
-        order = categorized_order(graph)
-        plan = derive_plan(PlanContext.build(graph, order), LEAST_MEMORY)
-        program = compile_program(graph, order)
-        with paused_gc():
-            result = simulate_plan(program, graph, plan, allocator=self.allocator())
-        return result.memory, order
+        """The least-memory plan's simulation on `graph` (categorized order, memory only), for
+        the search of order edges."""
+        engine = Engine.build(graph, device=self.device, lower_bound=self.lower_bound)
+        return engine.evaluate(LEAST_MEMORY, timed=False).result.memory, engine.order
 
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""
