@@ -26,6 +26,7 @@ from simulator import (
     Graph,
     GraphError,
     InvalidPlan,
+    Order,
     SwapPlan,
     categorized_order,
     compile_program,
@@ -65,9 +66,10 @@ class TunedStep:
         return graph_from_concrete(self.function, self.variables)
 
 
-def validate_plan(captured: Captured, plan: SwapPlan) -> None:
+def validate_plan(captured: Captured, plan: SwapPlan) -> Order:
     """Reject, before anything runs, a plan for another graph or another batch size, one that
-    names missing ops or tensors, has a cycle, or reads a tensor while it is only on the host."""
+    names missing ops or tensors, has a cycle, or reads a tensor while it is only on the host;
+    return the categorized order the plan was checked in (its order edges included)."""
     graph = planned_graph(captured, plan)
     for swap in plan.swaps:
         tensor = graph.tensors.get(swap.tensor)
@@ -81,6 +83,7 @@ def validate_plan(captured: Captured, plan: SwapPlan) -> None:
     order = categorized_order(graph)
     check_plan(graph, order, plan)
     lower_plan(compile_program(graph, order), graph, plan)
+    return order
 
 
 def planned_graph(captured: Captured, plan: SwapPlan) -> Graph:
@@ -112,7 +115,7 @@ def apply_plan(
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    validate_plan(captured, plan)
+    order = validate_plan(captured, plan)
     cf = captured.concrete_function
     graph_def = cf.graph.as_graph_def()
     names: list[str] = []
@@ -125,7 +128,7 @@ def apply_plan(
         after = _insert_swaps(g, plan, mode, compute_device, host_device)
         names.extend(op.name for ops in after.values() for op in ops)
         if pin_order:
-            _pin(g, categorized_order(planned_graph(captured, plan)).ops, after, fed)
+            _pin(g, order.ops, after, fed)
         return out
 
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))
