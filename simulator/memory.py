@@ -61,6 +61,9 @@ class Program:
     host_out: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     host_free: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     swap_in_ids: frozenset[int] = frozenset()
+    #: per step, the swap-in copies its op triggers: they start once the op has finished, so
+    #: they are allocated after the inputs it was the last to read are freed
+    swap_ins: dict[int, list[_Out]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,7 @@ def simulate_memory(program: Program) -> SimResult:
 def _simulate_memory(program: Program) -> SimResult:
     walk = _Walk(program)
     host_out, host_free, frees = program.host_out, program.host_free, walk.frees
+    swap_ins = program.swap_ins
     run_op, free_dead, host_events = walk.run_op, walk.free_dead, walk.host_events
     for p, outs in enumerate(program.steps):
         if outs:
@@ -231,6 +235,8 @@ def _simulate_memory(program: Program) -> SimResult:
             host_events(p, host_out[p], _SWAP_OUT, 1)
         if p in frees:
             free_dead(p)
+        if p in swap_ins:
+            run_op(p, swap_ins[p])
         if p in host_free:
             host_events(p, host_free[p], _HOST_FREE, -1)
     walk.free_dead(len(program.steps))

@@ -2,7 +2,8 @@
 
 The device copy of a swapped tensor dies after its last consumer that is not rerouted (or, with
 the time model, once its copy to the host has finished, if that is later); each swap-in allocates
-a device copy when its trigger op has run, which its rerouted consumers read; the host copy is
+a device copy when its trigger op has run (after the inputs the trigger was the last to read are
+freed), which its rerouted consumers read; the host copy is
 released once the last swap-in has read it.
 """
 
@@ -44,7 +45,7 @@ class _Lowering:
         self.resident = list(program.resident)
         self.host_out: dict[int, list[tuple[int, int]]] = {}
         self.host_free: dict[int, list[tuple[int, int]]] = {}
-        self.swap_ins: set[int] = set()
+        self.swap_ins: dict[int, list[_Out]] = {}
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
@@ -77,7 +78,7 @@ class _Lowering:
     def _add_swap_in(
         self, t: int, produced: int, swap: Swap, k: int, trigger: str, consumers: tuple[str, ...]
     ) -> int:
-        """Allocate a device copy at the trigger's step and reroute `consumers` to it."""
+        """Allocate a device copy after the trigger's step and reroute `consumers` to it."""
         pos = self.base.order.position
         if trigger not in pos:
             raise InvalidPlan(f"swap-in trigger op {trigger!r} is not in the graph")
@@ -98,8 +99,7 @@ class _Lowering:
         self.alloc.append(self.alloc[t])
         self.resident.append(False)
         self.last.append(max(pos[c] for c in consumers))
-        self.steps[at] = [*self.steps[at], (sid, self.alloc[t], -1, ())]
-        self.swap_ins.add(sid)
+        self.swap_ins.setdefault(at, []).append((sid, self.alloc[t], -1, ()))
         for c in consumers:
             self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
         return at
@@ -114,7 +114,8 @@ class _Lowering:
             resident=self.resident,
             host_out=self.host_out,
             host_free=self.host_free,
-            swap_in_ids=frozenset(self.swap_ins),
+            swap_in_ids=frozenset(o[0] for outs in self.swap_ins.values() for o in outs),
+            swap_ins=self.swap_ins,
         )
 
 
