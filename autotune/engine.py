@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rewriter.opsemantics import fused_together
 from rewriter.plan import LEAST_MEMORY, PlanContext, PlanParams, derive_plan
 from simulator import (
     BFCModel,
@@ -111,7 +112,10 @@ class Engine:
             edges = self.shared.get("edges")
             if edges is None or any(n not in self.graph.ops for e in edges for n in e):
                 edges = find_order_edges(
-                    self.graph, self._least_memory, start_level=self.backward_level()
+                    self.graph,
+                    self._least_memory,
+                    start_level=self.backward_level(),
+                    together=fused_together(self.graph),
                 )
                 self.shared["edges"] = edges
             self._serialized = self._with_edges(edges)

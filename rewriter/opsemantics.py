@@ -7,7 +7,9 @@ input has no other user. Counting either as new memory over-predicts the peak (R
 
 from __future__ import annotations
 
-__all__ = ["SHAPE_ONLY", "forwards", "inplace_inputs", "scratch_bytes"]
+from simulator.graph import Graph
+
+__all__ = ["SHAPE_ONLY", "forwards", "fused_together", "inplace_inputs", "scratch_bytes"]
 
 _FORWARD_FIRST = frozenset(
     {
@@ -127,3 +129,19 @@ def scratch_bytes(op_type: str, input_bytes: list[int], output_bytes: list[int])
     if op_type in ("MaxPoolGrad", "MaxPool3DGrad") and len(input_bytes) > 1:
         return input_bytes[1]  # oneDNN reruns the forward pool for its workspace (seen on CPU)
     return 0
+
+
+def fused_together(graph: Graph) -> dict[str, tuple[str, ...]]:
+    """Ops that TensorFlow may run as one kernel, by op: on the CPU, oneDNN's graph pass fuses a
+    `Conv2DBackpropFilter` with the `BiasAddGrad` of the same gradient. A control edge that holds
+    only one of them back can close a cycle through the fused kernel ("nodes in a cycle"); it
+    must hold back each."""
+    out: dict[str, tuple[str, ...]] = {}
+    for op in graph.ops.values():
+        if op.type != "Conv2DBackpropFilter" or len(op.inputs) < 3:
+            continue
+        grad = graph.tensors[op.inputs[2]]
+        group = (op.name, *(c for c in grad.consumers if graph.ops[c].type == "BiasAddGrad"))
+        if len(group) > 1:
+            out.update(dict.fromkeys(group, group))
+    return out

@@ -116,6 +116,15 @@ class Trace:
                 held.pop(tensor, None)
         return {self._tensors[t]: b for t, b in held.items()}
 
+    def freed_at(self) -> dict[str, int]:
+        """The step that freed each buffer (named as in `live_at`): where its last reader ran,
+        in-place and forwarding readers included; the step's outputs at its end (`len(ops)`)."""
+        return {
+            self._tensors[tensor]: step
+            for kind, step, tensor, _, _, _ in self.rows
+            if kind == EventKind.FREE
+        }
+
     def live_bytes(self) -> np.ndarray:
         """Live device bytes after each event."""
         return np.asarray(self.live, dtype=np.int64)

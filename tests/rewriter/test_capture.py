@@ -6,6 +6,7 @@ import keras  # noqa: E402
 from autotune.api import capture  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
 from rewriter.capture import CaptureError, _broadcast_reduction, capture_function  # noqa: E402
+from rewriter.opsemantics import fused_together  # noqa: E402
 from simulator import TensorKind, categorized_order  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -122,3 +123,15 @@ def test_dead_ops_are_pruned_like_tensorflow_does() -> None:
 
     g = capture(step, tf.TensorSpec([8, 8], tf.float32)).graph
     assert "live_sum" in g.ops and "dead_sum" not in g.ops and "Exp" not in g.ops
+
+
+def test_each_filter_gradient_is_grouped_with_the_bias_gradient_of_its_input() -> None:
+    zm = get_entry("tiny-cnn").build()
+    g = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=4).graph
+    groups = fused_together(g)
+    filters = [op for op in g.ops.values() if op.type == "Conv2DBackpropFilter"]
+    assert filters and len(groups) == 2 * len(filters)
+    for op in filters:
+        twin = next(n for n in groups[op.name] if n != op.name)
+        assert g.ops[twin].type == "BiasAddGrad" and g.ops[twin].inputs == [op.inputs[2]]
+        assert groups[twin] == groups[op.name]

@@ -67,6 +67,18 @@ def test_inplace_op_takes_over_a_dying_input() -> None:
     assert r.peak_bytes == 256 + 4096
 
 
+def test_freed_at_names_the_step_of_the_reader_that_freed_a_shared_buffer() -> None:
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4096)
+    relu = add(g, "relu", a, 4096, type="Relu", inplace=(0,))
+    g.mark_outputs(add(g, "b", relu, 64))
+    r = run(g)
+    # a's buffer lives on as relu's: b, relu's reader, frees it
+    assert r.trace.freed_at()["a:0"] == r.order.position["b"]
+    assert r.trace.freed_at()["b:0"] == len(r.order.ops)  # a step output: at the step's end
+
+
 def test_inplace_is_refused_while_the_input_has_other_readers() -> None:
     g = Graph()
     x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)

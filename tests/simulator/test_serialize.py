@@ -74,6 +74,45 @@ def test_interleaved_branches_are_serialized() -> None:
     assert after.peak_bytes < before.peak_bytes
 
 
+def early_term() -> Graph:
+    """A sum s of a term t made early from g (held for levels) and of w, which combines two
+    4 KiB tensors made late; g is a step output, so it lives on anyway."""
+    g = Graph("early_term")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    grad = add(g, "g", x, 4096)
+    t = add(g, "t", grad, 4096)
+    r = add(g, "r1", grad, 64)
+    for i in (2, 3):
+        r = add(g, f"r{i}", r, 64)
+    w = add(g, "w", add(g, "t2", r, 4096) + add(g, "u", grad + r, 4096), 4096)
+    g.mark_outputs(grad + add(g, "s", t + w, 256))
+    return g
+
+
+def test_a_term_made_early_is_sunk_to_where_its_sum_needs_it() -> None:
+    g = early_term()
+    before, _ = live_peak(g)
+    # when w runs: x, g, t (made at level 2), t2, u and w
+    assert before.peak_bytes == 256 + 5 * 4096
+    edges = find_order_edges(g, live_peak)
+    assert edges == (("w", "t"),)
+    after, order = live_peak(g.with_control_edges(edges))
+    assert order.level["t"] == order.level["w"] + 1
+    assert after.peak_bytes == 256 + 4 * 4096  # t is made after t2 and u are freed
+
+
+def test_ops_run_as_one_kernel_are_held_back_together() -> None:
+    g = early_term()
+    add(g, "t_twin", ["g:0"], 64)
+    edges = find_order_edges(
+        g, live_peak, together={"t": ("t", "t_twin"), "t_twin": ("t", "t_twin")}
+    )
+    assert edges == (("w", "t"), ("w", "t_twin"))
+    # an edge that would close a cycle through the group is skipped, not raised
+    cyclic = {"t": ("t", "r1"), "r1": ("t", "r1")}
+    assert find_order_edges(g, live_peak, together=cyclic) == ()
+
+
 def test_ops_before_the_start_level_are_never_delayed() -> None:
     g = two_branches()
     order = categorized_order(g)
