@@ -23,6 +23,7 @@ from autotune.search import (
     random_search,
     run_study,
     single_plan,
+    stop_when_fits,
 )
 from rewriter.capture import Captured
 from rewriter.plan import PlanParams
@@ -36,6 +37,8 @@ __all__ = ["METHODS", "BatchSearch", "CapturedSteps", "StepFamily", "Steps", "la
 CAPTURE_BATCHES = (16, 32)
 METHODS = ("no swapping", "original defaults", "original auto-tuner", "random search", "ours")
 _WARM_STARTS = ("original defaults", "original auto-tuner")
+#: the methods that run a study of trials
+_SEARCHES = ("random search", "ours")
 
 
 @dataclass
@@ -153,10 +156,19 @@ class BatchSearch:
 
 
 def method_at(
-    steps: Steps, method: str, batch: int, budget: Budget, trials: int, seed: int
+    steps: Steps,
+    method: str,
+    batch: int,
+    budget: Budget,
+    trials: int,
+    seed: int,
+    *,
+    first_fit: bool = False,
 ) -> Outcome:
-    """Run `method` on the step at `batch`."""
+    """Run `method` on the step at `batch`; with `first_fit` a search stops at its first plan
+    that fits (its outcome then says only whether the batch fits)."""
     engine = steps.engine(batch)
+    callbacks = [stop_when_fits] if first_fit else None
     if method == "no swapping":
         return single_plan(engine, PlanParams(n_tensors=0), budget, method)
     if method == "original defaults":
@@ -164,10 +176,11 @@ def method_at(
     if method == "original auto-tuner":
         return original_autotuner(engine, budget)
     if method == "random search":
-        return random_search(engine, budget, trials, seed)
+        return random_search(engine, budget, trials, seed, callbacks)
     if method == "ours":
         starts = original_autotuner(engine, budget).starts()
-        return run_study(engine, budget, in_memory_study("tpe", seed), trials, starts=starts)
+        study = in_memory_study("tpe", seed)
+        return run_study(engine, budget, study, trials, starts=starts, callbacks=callbacks)
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
@@ -192,20 +205,26 @@ def largest_batch(
     high: int,
     on_probe: Callable[[str, int], None] | None = None,
 ) -> BatchSearch:
-    """Binary search of the batch in [low, high] for `method` (its outcome at the result)."""
+    """Binary search of the batch in [low, high] for `method` (its outcome at the result).
+
+    A search method's probes stop at their first plan that fits; it runs all its trials at
+    the batch found, so that its outcome there is the one a full run gives."""
     start = time.perf_counter()
     outcomes: dict[int, Outcome] = {}
 
     def fits(batch: int) -> bool:
         if on_probe:
             on_probe(method, batch)
-        outcomes[batch] = method_at(steps, method, batch, budget, trials, seed)
+        outcomes[batch] = method_at(steps, method, batch, budget, trials, seed, first_fit=True)
         return outcomes[batch].fits
 
     if high < low or not fits(low):
         return BatchSearch(method, 0, None, len(outcomes), time.perf_counter() - start)
     best = largest(fits, low, high)
-    return BatchSearch(method, best, outcomes[best], len(outcomes), time.perf_counter() - start)
+    outcome = outcomes[best]
+    if method in _SEARCHES:
+        outcome = method_at(steps, method, best, budget, trials, seed)
+    return BatchSearch(method, best, outcome, len(outcomes), time.perf_counter() - start)
 
 
 def largest_batches(

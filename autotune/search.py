@@ -294,10 +294,19 @@ def quiet_optuna() -> Iterator[None]:
         optuna.logging.set_verbosity(level)
 
 
-def random_search(engine: Engine, budget: Budget, trials: int, seed: int) -> Outcome:
+def random_search(
+    engine: Engine, budget: Budget, trials: int, seed: int, callbacks: list[Any] | None = None
+) -> Outcome:
     """Uniform random proposals from the same space, as many as ours had."""
     study = in_memory_study("random", seed)
-    return run_study(engine, budget, study, trials, warm_start=False)
+    return run_study(engine, budget, study, trials, warm_start=False, callbacks=callbacks)
+
+
+def stop_when_fits(study: Any, trial: Any) -> None:
+    """An Optuna callback that stops the study at its first trial that fits the budget: enough
+    to tell whether a batch fits (the seeded trials before it are the same as in a full run)."""
+    if trial.state.name == "COMPLETE" and _constraints(trial)[0] <= 0:
+        study.stop()
 
 
 def original_autotuner(engine: Engine, budget: Budget) -> Outcome:

@@ -15,6 +15,7 @@ from autotune.search import (
     random_search,
     run_study,
     single_plan,
+    stop_when_fits,
 )
 from rewriter.plan import PlanParams
 
@@ -129,6 +130,20 @@ def test_same_seed_same_trials(engine) -> None:  # type: ignore[no-untyped-def]
     runs = [run_study(engine, budget, in_memory_study("tpe", 7), 12) for _ in range(2)]
     params = [[t.params for t in r.study.trials] for r in runs]
     assert params[0] == params[1]
+
+
+@pytest.mark.tf
+def test_a_study_stopped_at_its_first_fit_is_a_full_run_cut_there(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.3)
+    full = random_search(engine, budget, 20, 4)
+    cut = random_search(engine, budget, 20, 4, [stop_when_fits])
+    fits = [t.user_attrs["peak_bytes"] <= budget.bytes for t in full.study.trials]
+    assert any(fits) and not all(fits)
+    first = fits.index(True)
+    assert [t.params for t in cut.study.trials] == [t.params for t in full.study.trials][
+        : first + 1
+    ]
+    assert cut.fits
 
 
 @pytest.mark.tf
