@@ -86,8 +86,8 @@ def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3) -> No
     """The plan's order edges (`--serialize`), the first few by name."""
     if not edges:
         return
-    keep = "edge keeps" if len(edges) == 1 else "edges keep"
-    print(f"  ordered    {len(edges)} order {keep} parallel branches apart:")
+    keep = "edge reorders" if len(edges) == 1 else "edges reorder"
+    print(f"  ordered    {len(edges)} order {keep} the backward pass:")
     for before, after in edges[:shown]:
         print(f"             {after} waits for {before}")
     if len(edges) > shown:

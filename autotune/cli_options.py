@@ -80,7 +80,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         "--serialize",
         action="store_const",
         const=True,
-        help="add order edges that keep parallel branches from holding large tensors at once",
+        help="add order edges that keep the backward pass from holding large tensors at once",
     )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")

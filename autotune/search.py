@@ -3,7 +3,7 @@
 A trial proposes `n_tensors`, `lb`, `ub`, `threshold` (how far a reader must lie to swap),
 `groupby` (fusion distance of swap-ins), the trigger strategy and whether swap-outs are
 synchronized (`sync_out`, which keeps the forward pass from outrunning the link) and whether
-order edges keep parallel branches apart (`serialize`: not the original tool's, so its
+order edges reorder the backward pass (`serialize`: not the original tool's, so its
 baselines never use it; random search draws it from the same space); the engine derives the
 plan and simulates it. "Predicted peak <= budget" is an Optuna constraint and the
 predicted step time the objective (or peak and time as two objectives, Pareto front kept). The

@@ -46,7 +46,7 @@ class SwapPlan:
     """The swaps of one graph, with the parameters they came from (for reports and checks).
 
     `order_edges` are `(before, after)` pairs of ops: `after` waits for `before`. They keep
-    parallel branches from holding their large tensors at the same time; the simulator orders
+    the backward pass from holding large tensors at the same time; the simulator orders
     the graph with them and the rewriter adds them as control edges.
     """
 
