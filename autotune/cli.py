@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -17,6 +18,7 @@ from autotune.cli_options import (
     plan_params,
     size_arg,
 )
+from autotune.search import INTERRUPTED
 from autotune.units import format_sized as _sized
 
 __all__ = ["main"]
@@ -419,6 +421,7 @@ def _import_tensorflow_quietly() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     _prepare_environment()
+    signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
         args = build_parser().parse_args(argv)
         if args.command != "models":
@@ -436,6 +439,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"autotune: error: {str(err).splitlines()[0]}", file=sys.stderr)
             return EXIT_USAGE
         raise
+
+
+def _on_ctrl_c(_signum: int, _frame: Any) -> None:
+    """Ctrl-C: raise KeyboardInterrupt, and remember it for the study (see INTERRUPTED)."""
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
 
 
 def _caused_by_interrupt(err: BaseException) -> bool:

@@ -19,6 +19,7 @@ simulation, see REFERENCE.md), and random search with as many trials.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -190,6 +191,12 @@ def _constraints(trial: Any) -> list[float]:
     return list(trial.user_attrs.get("constraint", [1.0]))
 
 
+#: Set by the command line's Ctrl-C handler. Python prints and drops a KeyboardInterrupt that
+#: lands in a garbage-collector callback (SQLAlchemy registers some), and a study then runs on;
+#: each trial raises it again at its start, so an interrupted study always stops.
+INTERRUPTED = threading.Event()
+
+
 def make_objective(
     engine: Engine, budget: Budget, objectives: int = 1
 ) -> Callable[[Any], float | tuple[float, float]]:
@@ -197,6 +204,8 @@ def make_objective(
     space = Space.of(engine)
 
     def objective(trial: Any) -> float | tuple[float, float]:
+        if INTERRUPTED.is_set():
+            raise KeyboardInterrupt
         ev = engine.evaluate(space.suggest(trial))
         _record(trial, ev, budget)
         seconds = ev.step_seconds if ev.step_seconds is not None else float(ev.peak_bytes)

@@ -6,6 +6,7 @@ import pytest
 
 from autotune.search import (
     DEFAULT_SAFETY_RATIO,
+    INTERRUPTED,
     Budget,
     Space,
     _original_search,
@@ -144,6 +145,23 @@ def test_a_study_stopped_at_its_first_fit_is_a_full_run_cut_there(engine) -> Non
         : first + 1
     ]
     assert cut.fits
+
+
+@pytest.fixture
+def interrupted():  # type: ignore[no-untyped-def]
+    INTERRUPTED.set()
+    yield
+    INTERRUPTED.clear()
+
+
+@pytest.mark.tf
+def test_a_dropped_ctrl_c_still_stops_the_study_at_its_next_trial(engine, interrupted) -> None:  # type: ignore[no-untyped-def]
+    study = in_memory_study("tpe", 0)
+    # as when Python dropped the KeyboardInterrupt in a garbage-collector callback
+    with pytest.raises(KeyboardInterrupt):
+        run_study(engine, budget_at(engine, 0.5), study, 20)
+    states = [t.state.name for t in study.trials]
+    assert states[0] == "FAIL" and "COMPLETE" not in states and "RUNNING" not in states
 
 
 @pytest.mark.tf
