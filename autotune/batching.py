@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from autotune.engine import Engine
 from autotune.search import (
+    LEAST_MEMORY_ORDERED,
     Budget,
     Outcome,
     in_memory_study,
@@ -24,6 +25,7 @@ from autotune.search import (
     run_study,
     single_plan,
     stop_when_fits,
+    warm_starts,
 )
 from rewriter.capture import Captured
 from rewriter.plan import PlanParams
@@ -178,7 +180,10 @@ def method_at(
     if method == "random search":
         return random_search(engine, budget, trials, seed, callbacks)
     if method == "ours":
-        starts = original_autotuner(engine, budget).starts()
+        # a probe whose least-memory trial (the second) fits stops there: the warm starts
+        # queued after it would never run, so they are not searched for
+        skip = first_fit and engine.evaluate(LEAST_MEMORY_ORDERED).peak_bytes <= budget.bytes
+        starts = () if skip else warm_starts(engine, budget)
         study = in_memory_study("tpe", seed)
         return run_study(engine, budget, study, trials, starts=starts, callbacks=callbacks)
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -204,11 +209,13 @@ def largest_batch(
     low: int,
     high: int,
     on_probe: Callable[[str, int], None] | None = None,
+    full_outcome: bool = True,
 ) -> BatchSearch:
     """Binary search of the batch in [low, high] for `method` (its outcome at the result).
 
-    A search method's probes stop at their first plan that fits; it runs all its trials at
-    the batch found, so that its outcome there is the one a full run gives."""
+    A search method's probes stop at their first plan that fits; with `full_outcome` it runs
+    all its trials at the batch found, so that its outcome there is the one a full run gives
+    (else the outcome only says that the batch fits: for a caller that tunes there itself)."""
     start = time.perf_counter()
     outcomes: dict[int, Outcome] = {}
 
@@ -222,7 +229,7 @@ def largest_batch(
         return BatchSearch(method, 0, None, len(outcomes), time.perf_counter() - start)
     best = largest(fits, low, high)
     outcome = outcomes[best]
-    if method in _SEARCHES:
+    if method in _SEARCHES and full_outcome:
         outcome = method_at(steps, method, best, budget, trials, seed)
     return BatchSearch(method, best, outcome, len(outcomes), time.perf_counter() - start)
 
@@ -235,14 +242,16 @@ def largest_batches(
     seed: int,
     methods: tuple[str, ...] = METHODS,
     on_probe: Callable[[str, int], None] | None = None,
+    tuned_later: tuple[str, ...] = (),
 ) -> dict[str, BatchSearch]:
-    """The largest batch of every method; swapping methods search above the no-swap batch."""
+    """The largest batch of every method; swapping methods search above the no-swap batch.
+    The methods `tuned_later` (by the caller, at their batch) get no full outcome there."""
     ceiling = largest_possible(steps, budget)
 
     def search(method: str, low: int) -> BatchSearch:
         return largest_batch(
             steps, method, budget, trials=trials, seed=seed, low=low, high=ceiling,
-            on_probe=on_probe,
+            on_probe=on_probe, full_outcome=method not in tuned_later,
         )  # fmt: skip
 
     out = {"no swapping": search("no swapping", 2)}

@@ -70,6 +70,10 @@ class Budget:
         return int(self.device_bytes * self.ratio)
 
 
+#: The plan that saves the most memory, with order edges: ours' second warm start.
+LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True)
+
+
 @dataclass(frozen=True)
 class Space:
     """The parameter ranges of one graph: its swap candidates and its number of levels."""
@@ -114,7 +118,7 @@ class Space:
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
         swap-ins just before their readers, order edges; if anything fits, this usually does."""
-        return self.of_params(replace(LEAST_MEMORY, serialize=True))
+        return self.of_params(LEAST_MEMORY_ORDERED)
 
     def defaults(self) -> dict[str, Any]:
         """The original tool's defaults as trial parameters (ub=10000 reaches every level)."""
@@ -336,6 +340,21 @@ def original_autotuner(engine: Engine, budget: Budget) -> Outcome:
     best = ev if chosen is not None and ev.peak_bytes <= budget.bytes else None
     seconds = time.perf_counter() - start
     return Outcome("original auto-tuner", best, count[0] + 1, seconds, None, ev)
+
+
+def warm_starts(
+    engine: Engine, budget: Budget, autotuner: Outcome | None = None
+) -> tuple[PlanParams, ...]:
+    """Ours' warm starts besides the defaults and the least-memory plan: the original
+    auto-tuner's pick (`autotuner`, run here if not given), and the pick of the same search on
+    the step with order edges, with `serialize`: the edges lower the peak, so its binary
+    searches can swap in earlier and stall less."""
+    picked = (autotuner or original_autotuner(engine, budget)).starts()
+    ordered = engine.serialized()
+    if ordered is engine:
+        return picked
+    found = original_autotuner(ordered, budget).starts()
+    return picked + tuple(replace(p, serialize=True) for p in found)
 
 
 def _original_params(threshold: int, ahead: int, groupby: int) -> PlanParams:

@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.batching import CAPTURE_BATCHES, BatchSearch, StepFamily, largest_batches
+from autotune.batching import CAPTURE_BATCHES, BatchSearch, StepFamily, largest_batches, method_at
 from autotune.engine import Engine, Evaluation
 from autotune.progress import Progress
-from autotune.search import DEFAULT_SAFETY_RATIO, Budget, Outcome, run_study
+from autotune.search import DEFAULT_SAFETY_RATIO, Budget, Outcome, run_study, warm_starts
 from autotune.studies import default_storage, open_study, study_name
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
@@ -224,7 +224,7 @@ def tune_captured(
         outcomes = _baselines(engine, budget, trials, seed)
         study = open_study(storage, name, seed=seed, objectives=objectives, shared=shared)
         callbacks = (progress or Progress(False)).trials(trials, _finished(study))
-        starts = outcomes["original auto-tuner"].starts()
+        starts = warm_starts(engine, budget, outcomes["original auto-tuner"])
         ours = run_study(
             engine, budget, study, trials, objectives=objectives, starts=starts,
             callbacks=callbacks,
@@ -396,7 +396,9 @@ def _fit_max_batch(
     given = opts.pop("batch_size", None)
     pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES
     steps = StepFamily.capture(capture_at, preset, pair, on_stage=bars.stage)
-    batches = largest_batches(steps, budget, trials=trials, seed=seed, on_probe=bars.probe)
+    batches = largest_batches(
+        steps, budget, trials=trials, seed=seed, on_probe=bars.probe, tuned_later=("ours",)
+    )
     best = batches["ours"].batch or batches["no swapping"].batch
     if best == 0:
         check_budget(steps.engine(2), budget)
@@ -407,6 +409,12 @@ def _fit_max_batch(
     tuned = tune_captured(
         captured, engine, budget, name=name, batch_size=best, progress=bars, **opts
     )
+    ours = batches["ours"]
+    if ours.outcome is not None:  # its full outcome at its batch: the tuning's
+        full = tuned.outcomes.get("ours") or method_at(
+            steps, "ours", ours.batch, budget, trials, seed
+        )
+        batches["ours"] = replace(ours, outcome=full)
     tuned.batches = batches
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds

@@ -117,6 +117,10 @@ def test_max_batch_for_a_custom_step(tmp_path) -> None:  # type: ignore[no-untyp
     d = tuned.to_dict()
     assert d["max_batch_tuned"] == tuned.batch_size >= d["max_batch_no_swap"] >= 512
     assert tuned.captured.specs[0].shape[0] == tuned.batch_size
+    # ours' outcome at its largest batch is the full tuning there, not the probe's first fit
+    assert tuned.batches is not None
+    assert tuned.batches["ours"].outcome is tuned.outcomes["ours"]
+    assert tuned.outcomes["ours"].study is tuned.study and len(tuned.study.trials) >= 8
     assert set(d["baselines"]) == {
         "no swapping", "original defaults", "original auto-tuner", "random search"
     }  # fmt: skip

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -17,6 +18,7 @@ from autotune.search import (
     run_study,
     single_plan,
     stop_when_fits,
+    warm_starts,
 )
 from rewriter.plan import PlanParams
 
@@ -191,6 +193,19 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     third = PlanParams.from_dict(out.study.trials[2].user_attrs["plan_params"])
     assert engine.evaluate(third).plan == original.best.plan
     assert out.best is not None and out.best.step_seconds <= original.best.step_seconds
+
+
+@pytest.mark.tf
+def test_warm_starts_add_the_autotuners_pick_on_the_step_with_order_edges(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.3)
+    picked, ordered = warm_starts(engine, budget)
+    assert picked == original_autotuner(engine, budget).shown.params
+    assert ordered.serialize and not picked.serialize
+    serialized = engine.serialized()
+    assert serialized is not engine and serialized.edges
+    # the original search, run on the step with its order edges
+    assert replace(ordered, serialize=False) == original_autotuner(serialized, budget).shown.params
+    assert engine.evaluate(ordered).peak_bytes <= budget.bytes
 
 
 def test_a_cost_model_that_gives_no_time_leaves_the_time_model_off() -> None:
