@@ -60,7 +60,6 @@ class Program:
     #: per step, host copies made (tensor id, bytes) and host copies released
     host_out: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     host_free: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    swap_in_ids: frozenset[int] = frozenset()
     #: per step, the swap-in copies its op triggers: they start once the op has finished, so
     #: they are allocated after the inputs it was the last to read are freed
     swap_ins: dict[int, list[_Out]] = field(default_factory=dict)
@@ -153,13 +152,13 @@ class _Walk:
         self.frees: dict[int, list[int]] = {}
         self.trace = Trace(program.order.ops, program.levels, program.names)
         self.record = self.trace.rows.append
-        self.swap_in_ids = program.swap_in_ids
         self.live = self.peak = program.persistent_bytes
         self.peak_step = 0
         self.host = self.host_peak = 0
 
-    def run_op(self, p: int, outs: list[_Out]) -> None:
-        """Give each output of the op at step `p` a buffer: forwarded, reused or new."""
+    def run_op(self, p: int, outs: list[_Out], kind: int = _ALLOC) -> None:
+        """Give each output of the op at step `p` a buffer: forwarded, reused or new (new
+        buffers are recorded as events of `kind`: allocations, or swap-ins)."""
         last, buf, buf_last = self.program.last_use, self.buf, self.buf_last
         frees = self.frees
         for t, nbytes, fwd, cands in outs:
@@ -174,7 +173,6 @@ class _Walk:
             self.alive[t] = True
             frees.setdefault(last[t], []).append(t)
             live = self.live = self.live + nbytes
-            kind = _SWAP_IN if t in self.swap_in_ids else _ALLOC
             self.record((kind, p, t, nbytes, live, self.host))
             if live > self.peak:
                 self.peak, self.peak_step = live, p
@@ -236,7 +234,7 @@ def _simulate_memory(program: Program) -> SimResult:
         if p in frees:
             free_dead(p)
         if p in swap_ins:
-            run_op(p, swap_ins[p])
+            run_op(p, swap_ins[p], _SWAP_IN)
         if p in host_free:
             host_events(p, host_free[p], _HOST_FREE, -1)
     walk.free_dead(len(program.steps))

@@ -114,7 +114,6 @@ class _Lowering:
             resident=self.resident,
             host_out=self.host_out,
             host_free=self.host_free,
-            swap_in_ids=frozenset(o[0] for outs in self.swap_ins.values() for o in outs),
             swap_ins=self.swap_ins,
         )
 
