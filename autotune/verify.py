@@ -143,9 +143,9 @@ def verify_captured(
     executed = _first_call(tuned, inputs)
     tuned_run = _run(tuned, inputs, device, steps)
     base_run = _run(captured.concrete_function, inputs, device, steps)
-    growth = device == "CPU:0"  # the CPU's BFC grows regions; a GPU's holds one
+    on_cpu = device == "CPU:0"  # the CPU's BFC grows regions (a GPU's holds one); its kernels
     predicted, base = (
-        _predict(planned_graph(captured, p), p, BFCModel(allow_growth=growth))
+        _predict(planned_graph(captured, p), p, BFCModel(allow_growth=on_cpu), on_cpu)
         for p in (tuned.plan, SwapPlan())
     )
     return Verification(
@@ -161,7 +161,8 @@ def verify_captured(
     )
 
 
-def _predict(graph: Graph, plan: SwapPlan, allocator: BFCModel) -> SimResult:
+def _predict(graph: Graph, plan: SwapPlan, allocator: BFCModel, on_cpu: bool) -> SimResult:
+    graph = graph.on_cpu() if on_cpu else graph
     return simulate_plan(compile_program(graph), graph, plan, allocator=allocator).memory
 
 

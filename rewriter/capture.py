@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rewriter.cpukernels import cpu_kernels, cpu_scratch_bytes
 from rewriter.opsemantics import forwards, inplace_inputs, scratch_bytes
 from simulator.graph import Graph, Op, Tensor, TensorKind
 
@@ -235,7 +236,29 @@ def _op(tf_op: Any) -> Op:
         inplace=() if swap else inplace_inputs(tf_op.type, n_in),
         calls=_called_functions(tf_op),
         scratch=scratch_bytes(tf_op.type, _sizes(tf_op.inputs), _sizes(tf_op.outputs)),
+        cpu_scratch=_cpu_scratch(tf_op),
     )
+
+
+def _cpu_scratch(tf_op: Any) -> int | None:
+    """The scratch of this process's CPU kernel where it differs (see rewriter.cpukernels)."""
+    kernels = cpu_kernels()
+    if kernels.onednn or not tf_op.outputs:
+        return None
+    try:
+        return cpu_scratch_bytes(
+            tf_op.type,
+            [_shape(t) for t in tf_op.inputs],
+            [_shape(t) for t in tf_op.outputs],
+            tf_op.outputs[0].dtype.size,
+            kernels,
+        )
+    except ValueError as err:
+        raise CaptureError(f"op {tf_op.name!r}: {err}") from None
+
+
+def _shape(t: Any) -> tuple[int, ...] | None:
+    return tuple(t.shape.as_list()) if t.shape.is_fully_defined() else None
 
 
 def _sizes(tensors: Any) -> list[int]:

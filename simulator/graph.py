@@ -58,7 +58,8 @@ class Op:
     Reshape, ReadVariableOp, ...); `inplace` lists input indices whose buffer output 0 may take over
     when this op is that buffer's last user and the sizes match (element-wise kernels).
     `calls` names the functions a call op (If, While, PartitionedCall) runs; `scratch` is the
-    temporary memory its kernel holds while it runs (freed when it ends).
+    temporary memory its kernel holds while it runs (freed when it ends); `cpu_scratch`, when
+    set, replaces it for the CPU kernel of the process that captured the graph (`on_cpu`).
     """
 
     name: str
@@ -71,6 +72,7 @@ class Op:
     inplace: tuple[int, ...] = ()
     calls: tuple[str, ...] = ()
     scratch: int = 0
+    cpu_scratch: int | None = None
 
 
 class Graph:
@@ -149,12 +151,7 @@ class Graph:
         Tensors are shared with this graph (control edges do not change them); ops that gain
         an edge are copied. The copy is checked for cycles when it is ordered.
         """
-        out = Graph(self.name)
-        out.ops = dict(self.ops)
-        out.tensors = self.tensors
-        out.outputs = list(self.outputs)
-        out.functions = list(self.functions)
-        out.control_consumers = {k: list(v) for k, v in self.control_consumers.items()}
+        out = self._copy()
         for before, after in edges:
             for name in (before, after):
                 if name not in self.ops:
@@ -162,6 +159,31 @@ class Graph:
             op = out.ops[after]
             out.ops[after] = replace(op, control_inputs=[*op.control_inputs, before])
             out.control_consumers.setdefault(before, []).append(after)
+        return out
+
+    def on_cpu(self) -> Graph:
+        """This graph as run by the CPU kernels of the process that captured it: an op whose
+        CPU kernel holds other temporary memory (`Op.cpu_scratch`) takes that as its scratch.
+        Returns this graph itself when no op differs."""
+        changed = {
+            name: replace(op, scratch=op.cpu_scratch)
+            for name, op in self.ops.items()
+            if op.cpu_scratch is not None and op.cpu_scratch != op.scratch
+        }
+        if not changed:
+            return self
+        out = self._copy()
+        out.ops.update(changed)
+        return out
+
+    def _copy(self) -> Graph:
+        """A copy with its own op table and control edges; tensors are shared."""
+        out = Graph(self.name)
+        out.ops = dict(self.ops)
+        out.tensors = self.tensors
+        out.outputs = list(self.outputs)
+        out.functions = list(self.functions)
+        out.control_consumers = {k: list(v) for k, v in self.control_consumers.items()}
         return out
 
     def lint(self) -> None:

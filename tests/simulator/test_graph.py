@@ -41,3 +41,20 @@ def test_persistent_bytes_counts_resident_kinds_only() -> None:
     add(g, "t", ["x:0"], 1000)
     assert g.persistent_bytes == 148
     assert g.bytes_by_kind()["transient"] == 1000
+
+
+def test_on_cpu_gives_ops_their_cpu_kernels_scratch_and_leaves_the_graph_alone() -> None:
+    from dataclasses import replace
+
+    from simulator import compile_program, simulate_memory
+
+    g = diamond()
+    assert g.on_cpu() is g  # no op has a CPU-specific scratch
+    g.ops["b"] = replace(g.ops["b"], scratch=100, cpu_scratch=4096)
+    g.ops["c"] = replace(g.ops["c"], scratch=64, cpu_scratch=64)
+    cpu = g.on_cpu()
+    assert cpu.ops["b"].scratch == 4096 and cpu.ops["c"] is g.ops["c"]
+    assert g.ops["b"].scratch == 100 and cpu.tensors is g.tensors
+    assert cpu.predecessors("d") == g.predecessors("d")
+    peak = simulate_memory(compile_program(g)).peak_bytes
+    assert simulate_memory(compile_program(cpu)).peak_bytes > peak

@@ -1,0 +1,135 @@
+"""Temporary buffers of TensorFlow's CPU kernels, which depend on the build and the machine.
+
+TensorFlow's CPU build runs oneDNN kernels only where oneDNN is enabled: by default on CPUs
+with AVX-512 VNNI, BF16 or AMX, or with `TF_ENABLE_ONEDNN_OPTS=1`. Elsewhere the convolution
+gradients are TensorFlow's own im2col kernels (tensorflow/core/kernels/conv_grad_*), whose
+column buffer goes through the allocator and, on a small model, dwarfs every activation:
+
+- 2-D: the buffer holds `shard` images, as many as fit a 30 MiB working set (the constant the
+  kernels assume for the L3 cache); the input gradient takes one image at a time when the batch
+  is 1 or a thread's share of one image's matrices exceeds a 256 KiB L2.
+- 3-D: the same with the L3 size Eigen reads from the CPU, and TensorFlow falls back to an
+  Eigen kernel without the buffer when it would exceed 25 times the op's tensors.
+- MaxPoolGrad keeps a copy of the pooled output and its int64 arg-max.
+
+Each rule was checked against the allocator's own record (the profiler's memory events) on a
+CPU without oneDNN; see tests/rewriter/test_cpukernels.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+__all__ = ["CpuKernels", "cpu_kernels", "cpu_scratch_bytes"]
+
+_L2_ASSUMED = 256 << 10  # bytes, constant in conv_grad_input_ops.h
+_L3_ASSUMED = 30 << 20  # bytes, constant in the 2-D kernels
+_MAX_OVERHEAD_3D = 25  # kMaxTempAllocationOverhead of the 3-D kernels
+_L3_FILE = "/sys/devices/system/cpu/cpu0/cache/index3/size"
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """What selects the CPU kernels and sizes their buffers in this process."""
+
+    onednn: bool
+    threads: int  # intra-op threads: the share of work each thread gets
+    l3_bytes: int | None  # the CPU's L3 cache, None where it cannot be read
+
+
+@functools.cache
+def cpu_kernels() -> CpuKernels:
+    """This process's CPU kernels: oneDNN on or off, intra-op threads, L3 cache size."""
+    import tensorflow as tf
+    from tensorflow.python.util import _pywrap_util_port
+
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    threads = threads or len(os.sched_getaffinity(0))
+    return CpuKernels(bool(_pywrap_util_port.IsMklEnabled()), threads, _l3_bytes())
+
+
+def _l3_bytes() -> int | None:
+    """The L3 size the kernel reads (one cache's size, as Linux reports it), or None."""
+    try:
+        with open(_L3_FILE) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text.rstrip("KMG")
+    return int(digits) * scale if digits.isdigit() else None
+
+
+def cpu_scratch_bytes(
+    op_type: str,
+    inputs: list[Shape | None],
+    outputs: list[Shape | None],
+    itemsize: int,
+    kernels: CpuKernels,
+) -> int | None:
+    """Bytes the CPU kernel of `op_type` allocates for itself while it runs, or None when it
+    is what `rewriter.opsemantics.scratch_bytes` says for every device (oneDNN builds, and op
+    types without a CPU-specific buffer). Raise ValueError when a needed size is unknown."""
+    if kernels.onednn:
+        return None
+    if op_type == "Conv2DBackpropInput":
+        return _column_buffer(outputs[0], inputs[1], inputs[2], itemsize, kernels, "input")
+    if op_type == "Conv2DBackpropFilter":
+        return _column_buffer(inputs[0], outputs[0], inputs[2], itemsize, kernels, "filter")
+    if op_type in ("Conv3DBackpropInputV2", "Conv3DBackpropInput"):
+        return _column_buffer(outputs[0], inputs[1], inputs[2], itemsize, kernels, "input 3d")
+    if op_type in ("Conv3DBackpropFilterV2", "Conv3DBackpropFilter"):
+        return _column_buffer(inputs[0], outputs[0], inputs[2], itemsize, kernels, "filter 3d")
+    if op_type == "MaxPoolGrad" and len(inputs) > 1 and inputs[1] is not None:
+        return math.prod(inputs[1]) * (itemsize + 8)  # a copy of the pooled output, int64 argmax
+    if op_type == "MaxPool3DGrad":
+        return 0
+    return None
+
+
+def _column_buffer(
+    image: Shape | None,
+    filt: Shape | None,
+    grad: Shape | None,
+    itemsize: int,
+    kernels: CpuKernels,
+    kind: str,
+) -> int:
+    """Bytes of the im2col buffer [shard images, output pixels, filter size] of a convolution
+    gradient (NHWC / NDHWC), from the image, filter and output-gradient shapes."""
+    image, filt, grad = _known(image), _known(filt), _known(grad)
+    batch, out_image, out_depth = grad[0], math.prod(grad[1:-1]), grad[-1]
+    filter_total = math.prod(filt[:-1])
+    work = out_image * out_depth + filter_total * out_depth + out_image * filter_total
+    three_d = kind.endswith("3d")
+    l3 = _needs_l3(kernels) if three_d else _L3_ASSUMED
+    if kind == "input":
+        one_at_a_time = batch == 1 or work // kernels.threads >= _L2_ASSUMED // itemsize
+    else:
+        one_at_a_time = kind == "input 3d" and batch == 1
+    shard = 1 if one_at_a_time else -(-(l3 // itemsize) // work)
+    col = shard * out_image * filter_total
+    total = math.prod(image) + math.prod(filt) + math.prod(grad)
+    if three_d and col // total > _MAX_OVERHEAD_3D:
+        return 0  # TensorFlow falls back to Eigen's kernel, which needs no such buffer
+    return col * itemsize
+
+
+def _needs_l3(kernels: CpuKernels) -> int:
+    if kernels.l3_bytes is None:
+        raise ValueError(
+            "3-D convolution gradients on this CPU size their buffer by the L3 cache, which "
+            f"Linux does not report here ({_L3_FILE})"
+        )
+    return kernels.l3_bytes
+
+
+def _known(shape: Shape | None) -> Shape:
+    if shape is None:
+        raise ValueError("a convolution gradient's shapes must be fully known")
+    return shape
