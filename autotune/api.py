@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from autotune.engine import Engine, Evaluation
 from rewriter.capture import Captured, CaptureError, capture_function
 from rewriter.keras_step import input_specs, is_keras_model, training_step
 from rewriter.plan import PlanParams
-from simulator import DevicePreset, Graph, SimResult, SwapPlan, Trace, get_preset, scheduled_order
+from simulator import (
+    DevicePreset,
+    Graph,
+    Order,
+    SimResult,
+    SwapPlan,
+    Trace,
+    executor_order,
+    get_preset,
+    scheduled_order,
+)
 
 if TYPE_CHECKING:
     from autotune.profile import Profile
@@ -34,6 +44,7 @@ class Simulation:
     schedule: str = "categorized"
     device: str | None = None
     profiled_peak_bytes: int | None = None
+    cpu_kernels: dict[str, Any] | None = None  # the CPU kernels modelled (no device preset)
 
     @property
     def result(self) -> SimResult:
@@ -105,6 +116,7 @@ class Simulation:
             "schedule": self.schedule,
             "device": self.device,
             "profiled_peak_bytes": self.profiled_peak_bytes,
+            "cpu_kernels": self.cpu_kernels,
         }
 
 
@@ -130,7 +142,7 @@ def capture(
     return capture_function(training_step(step, loss, optimizer), *example_args)
 
 
-SCHEDULES = ("categorized", "recorded")
+SCHEDULES = ("auto", "categorized", "executor", "recorded")
 #: How many of the largest tensors live at the peak `simulate --json` lists.
 PEAK_TENSORS = 10
 COSTS = ("analytical", "measured")
@@ -139,7 +151,7 @@ COSTS = ("analytical", "measured")
 def simulate(
     step: Any,
     *example_args: Any,
-    schedule: str = "categorized",
+    schedule: str = "auto",
     device: str | DevicePreset | None = None,
     costs: str = "analytical",
     **options: Any,
@@ -149,8 +161,15 @@ def simulate(
     given, on a device preset (`device=`) for the time model.
 
     `schedule="categorized"` walks the paper's categorized order and needs no device;
-    `schedule="recorded"` first runs the step once on the current device under the profiler and
-    walks the order TensorFlow executed (closer to the real peak, see results/; no plan then).
+    `schedule="executor"` walks the graph TensorFlow runs (after Grappler) in the order its
+    executor takes with one inter-op thread, emulated without running the step (the real
+    peak of the step as it is, see results/); `schedule="recorded"` first runs the step once on
+    the current device under the profiler and walks the order TensorFlow executed. Plans are
+    simulated in the categorized order only, the order their rewritten step is pinned to; the
+    default, "auto", is the executor's order for the step as it is on this machine (no plan, no
+    device preset) on a CPU whose kernels are TensorFlow's own, and the categorized order
+    otherwise (with oneDNN, a graph pass rewrites the step after Grappler, so neither its ops
+    nor their order are known before it runs).
     `costs` are per-op times: Grappler's analytical estimates for the preset, or those measured
     in a profiled step on the current device.
     """
@@ -163,7 +182,7 @@ def simulate(
 def simulate_captured(
     captured: Captured,
     *,
-    schedule: str = "categorized",
+    schedule: str = "auto",
     device: str | DevicePreset | None = None,
     params: PlanParams | None = None,
     costs: str = "analytical",
@@ -172,24 +191,20 @@ def simulate_captured(
     _check_choice("schedule", schedule, SCHEDULES)
     _check_choice("costs", costs, COSTS)
     preset = get_preset(device) if isinstance(device, str) else device
-    if schedule == "recorded" and params is not None and (params.n_tensors or params.serialize):
-        raise ValueError(
-            "a recorded schedule simulates the step as it ran, without swaps or order edges; "
-            "simulate plans in the categorized order"
-        )
-    profile, graph = None, captured.graph
-    if schedule == "recorded":
-        from autotune.measure import current_device
-        from rewriter.optimized import optimized_graph
+    from autotune.measure import current_device
+    from rewriter.cpukernels import cpu_kernels
 
-        graph = optimized_graph(captured, current_device())
+    device_name = current_device()
+    kernels = cpu_kernels() if preset is None and device_name == "CPU:0" else None
+    schedule = _resolved_schedule(schedule, preset, params, kernels)
+    graph = _simulated_graph(captured, schedule, preset, device_name)
+    profile = None
     if schedule == "recorded" or (preset is not None and costs == "measured"):
         from autotune.profile import record_profile
 
         profile = record_profile(captured, graph=graph)
-    engine = build_engine(
-        captured, preset, costs, profile if schedule == "recorded" else None, profile, graph
-    )
+    order = _schedule_order(schedule, graph, device_name, profile)
+    engine = build_engine(captured, preset, costs, order, profile, graph)
     start = time.perf_counter()
     evaluation = engine.evaluate(params or PlanParams(n_tensors=0))
     seconds = time.perf_counter() - start
@@ -204,22 +219,69 @@ def simulate_captured(
         schedule,
         preset.name if preset else None,
         profile.peak_bytes if profile and schedule == "recorded" else None,
+        asdict(kernels) if kernels else None,
     )
+
+
+def _resolved_schedule(
+    schedule: str, preset: DevicePreset | None, params: PlanParams | None, kernels: Any
+) -> str:
+    """`schedule`, with "auto" resolved (see `simulate`; `kernels`: this CPU's, when the step
+    is predicted for it); refuse a plan outside the categorized order."""
+    planned = params is not None and bool(params.n_tensors or params.serialize)
+    if schedule == "auto":
+        as_run = not planned and preset is None and kernels is not None and not kernels.onednn
+        return "executor" if as_run else "categorized"
+    if schedule != "categorized" and planned:
+        raise ValueError(
+            f"the {schedule} schedule simulates the step as TensorFlow runs it, without swaps "
+            "or order edges; simulate plans in the categorized order"
+        )
+    return schedule
+
+
+def _simulated_graph(
+    captured: Captured, schedule: str, preset: DevicePreset | None, device: str
+) -> Graph:
+    """The captured graph, or the one Grappler makes of it for a schedule of the step as run;
+    with this CPU's kernels when the prediction is for this CPU (no preset)."""
+    graph = captured.graph
+    if schedule != "categorized":
+        from rewriter.optimized import optimized_graph
+
+        graph = optimized_graph(captured, device)
+    if preset is None and device == "CPU:0":
+        graph = graph.on_cpu()
+    return graph
+
+
+def _schedule_order(
+    schedule: str, graph: Graph, device: str, profile: Profile | None
+) -> Order | None:
+    """The order of `schedule` on `graph` (None: the categorized order, the engine's own)."""
+    if schedule == "recorded" and profile is not None:
+        return scheduled_order(graph, profile.priorities())
+    if schedule == "executor":
+        from rewriter.opsemantics import inline_kernel
+
+        gpu = device == "GPU:0"  # the executor counts every GPU kernel as inexpensive
+        return executor_order(graph, lambda name: gpu or inline_kernel(graph.ops[name].type))
+    return None
 
 
 def build_engine(
     captured: Captured,
     preset: DevicePreset | None,
     costs: str = "analytical",
-    recorded: Profile | None = None,
+    order: Order | None = None,
     profile: Profile | None = None,
     graph: Graph | None = None,
     shared: dict[str, Any] | None = None,
 ) -> Engine:
     """The engine of a captured step (or of `graph`, the step as Grappler optimized it): its
-    order (recorded if given), costs for the preset; `shared` as in `Engine.build`."""
+    order (the categorized one unless given), costs for the preset; `shared` as in
+    `Engine.build`."""
     graph = graph or captured.graph
-    order = scheduled_order(graph, recorded.priorities()) if recorded else None
     cost = None
     if preset is not None:
         if costs == "measured" and profile is not None:

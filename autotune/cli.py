@@ -96,6 +96,17 @@ def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3) -> No
         print(f"             ... and {len(edges) - shown} more (see --json)")
 
 
+def _print_cpu_kernels(k: dict[str, Any]) -> None:
+    """Which CPU kernels the prediction models: their temporary buffers depend on it."""
+    if k["onednn"]:
+        print("kernels      this CPU's, oneDNN on")
+        return
+    print(
+        "kernels      this CPU's, oneDNN off: TensorFlow's convolution gradients with their "
+        f"im2col buffers ({k['threads']} threads)"
+    )
+
+
 def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     r = sim.result
     where = preset.name if preset else "CPU allocator model"
@@ -121,6 +132,8 @@ def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     if preset is not None:
         fits = "fits" if r.peak_bytes <= preset.memory_bytes else "does NOT fit"
         print(f"device       {fits} in {_sized(preset.memory_bytes)}")
+    if sim.cpu_kernels is not None:
+        _print_cpu_kernels(sim.cpu_kernels)
     print(f"simulation   {sim.simulate_seconds * 1e3:.1f} ms (tracing {sim.trace_seconds:.1f} s)")
     if sim.profiled_peak_bytes:
         print(f"profiled     {_sized(sim.profiled_peak_bytes)}  (measured in the recorded step)")
@@ -376,10 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(
                 "--schedule",
                 choices=SCHEDULES,
-                default="categorized",
-                help="op order to simulate: the paper's categorized order (no device needed), "
-                "or the graph TensorFlow runs (after Grappler) in the order recorded from one "
-                "profiled step on this device",
+                default="auto",
+                help="op order to simulate: the paper's categorized order (no device needed); "
+                "or the graph TensorFlow runs (after Grappler) in its executor's order, "
+                "emulated (executor) or recorded from one profiled step on this device; "
+                "auto (default): executor for the step as it is on this machine, categorized "
+                "with a plan or a device preset",
             )
     return parser
 

@@ -14,7 +14,7 @@ from simulator.memory import (
     compile_program,
     simulate_memory,
 )
-from simulator.order import Order, categorized_order, scheduled_order
+from simulator.order import Order, categorized_order, executor_order, scheduled_order
 from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
 from simulator.run import PlanResult, simulate_plan
 from simulator.swap import apply_plan
@@ -55,6 +55,7 @@ __all__ = [
     "TensorKind",
     "Trace",
     "categorized_order",
+    "executor_order",
     "scheduled_order",
     "compile_program",
     "simulate",

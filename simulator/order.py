@@ -8,11 +8,13 @@ deterministic. The distance between two ops is the difference of their levels.
 from __future__ import annotations
 
 import heapq
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from simulator.graph import Graph, GraphError
 
-__all__ = ["Order", "categorized_order", "scheduled_order"]
+__all__ = ["Order", "categorized_order", "executor_order", "scheduled_order"]
 
 
 @dataclass(frozen=True)
@@ -93,5 +95,48 @@ def scheduled_order(graph: Graph, priority: dict[str, float], base: Order | None
             indeg[s] -= 1
             if indeg[s] == 0:
                 push(s, max(key[p] for p in graph.predecessors(s)))
+    position = {name: i for i, name in enumerate(schedule)}
+    return Order(tuple(schedule), base.level, position, base.n_levels)
+
+
+def executor_order(graph: Graph, inline: Callable[[str], bool], base: Order | None = None) -> Order:
+    """The order TensorFlow's executor runs `graph` in with one inter-op thread.
+
+    The executor runs a ready op at once and, when it finishes, looks at the ops it made ready
+    (its consumers, in edge order). Those whose kernel is inexpensive (`inline(op)`: constants,
+    identities, shape ops) queue behind the current run; of the expensive ones the last stays
+    on this thread if nothing is queued, and the others go to the thread pool, whose single
+    thread takes the most recently added closure first once the current run is done. The
+    executor defers, for instance, every filter gradient of a CNN to the end of the backward
+    pass, holding the activations they read. Levels stay those of the categorized order.
+    """
+    base = base or categorized_order(graph)
+    pending = {name: len(graph.predecessors(name)) for name in graph.ops}
+    pool = deque(name for name, n in pending.items() if n == 0)
+    schedule: list[str] = []
+    while pool:
+        run = deque([pool.popleft()])
+        while run:
+            name = run.popleft()
+            schedule.append(name)
+            expensive: str | None = None
+            for s in graph.successors(name):
+                pending[s] -= 1
+                if pending[s]:
+                    continue
+                if inline(s):
+                    run.append(s)
+                    continue
+                if expensive is not None:
+                    pool.appendleft(expensive)
+                expensive = s
+            if expensive is not None:
+                if run:
+                    pool.appendleft(expensive)
+                else:
+                    run.append(expensive)
+    if len(schedule) != len(graph.ops):
+        stuck = next(name for name, n in pending.items() if n > 0)
+        raise GraphError(f"graph has a cycle through op {stuck!r}")
     position = {name: i for i, name in enumerate(schedule)}
     return Order(tuple(schedule), base.level, position, base.n_levels)

@@ -1,7 +1,9 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator import Graph, GraphError, categorized_order
-from tests.simulator.builders import add, chain, diamond
+from tests.simulator.builders import add, chain, diamond, random_graphs
 
 
 def test_diamond_levels_and_distance() -> None:
@@ -60,4 +62,65 @@ def test_scheduled_order_never_breaks_an_edge() -> None:
     g = diamond()
     order = scheduled_order(g, {"d": -5, "b": -4})  # priorities that contradict the edges
     for name in g.ops:
+        assert all(order.position[p] < order.position[name] for p in g.predecessors(name))
+
+
+def _fan_out() -> Graph:
+    """x feeds a, b (expensive kernels) and c (an inline one); e reads a, f reads b."""
+    g = Graph("fan")
+    x = add(g, "x", [], 4, type="Placeholder")
+    a = add(g, "a", x, 4)
+    b = add(g, "b", x, 4)
+    add(g, "c", x, 4, type="Identity")
+    add(g, "e", a, 4)
+    add(g, "f", b, 4)
+    return g
+
+
+def _inline(g: Graph):  # type: ignore[no-untyped-def]
+    return lambda name: g.ops[name].type in ("Placeholder", "Identity")
+
+
+def test_executor_runs_inline_ops_first_and_defers_expensive_ones_last_in_first_out() -> None:
+    from simulator import executor_order
+
+    g = _fan_out()
+    order = executor_order(g, _inline(g))
+    # after x: c queues inline; a goes to the pool, then b (the last expensive one) too,
+    # since c is queued; the pool's thread takes b (added last) first, and f, the only op b
+    # makes ready, stays on that thread
+    assert order.ops == ("x", "c", "b", "f", "a", "e")
+    assert order.level == categorized_order(g).level
+
+
+def test_executor_keeps_the_last_expensive_op_on_its_thread_when_nothing_is_queued() -> None:
+    from simulator import executor_order
+
+    g = _fan_out()
+    del g.ops["c"]  # x now makes only expensive ops ready
+    g.tensors["x:0"].consumers.remove("c")
+    order = executor_order(g, _inline(g))
+    assert order.ops == ("x", "b", "f", "a", "e")
+
+
+def test_executor_order_reports_a_cycle() -> None:
+    from simulator import executor_order
+
+    g = chain(2)
+    g.ops["op1"].control_inputs.append("op2")
+    g.control_consumers.setdefault("op2", []).append("op1")
+    with pytest.raises(GraphError, match="cycle"):
+        executor_order(g, lambda name: False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_graphs(), st.integers(0, 3))
+def test_executor_order_is_topological(g: Graph, inline_every: int) -> None:
+    from simulator import executor_order
+
+    names = list(g.ops)
+    inline = {n for i, n in enumerate(names) if inline_every and i % (inline_every + 1) == 0}
+    order = executor_order(g, inline.__contains__)
+    assert sorted(order.ops) == sorted(names)
+    for name in names:
         assert all(order.position[p] < order.position[name] for p in g.predecessors(name))
