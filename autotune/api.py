@@ -24,6 +24,7 @@ from simulator import (
 
 if TYPE_CHECKING:
     from autotune.profile import Profile
+    from rewriter.cpukernels import CpuKernels
 
 __all__ = ["Simulation", "capture", "simulate"]
 
@@ -224,7 +225,10 @@ def simulate_captured(
 
 
 def _resolved_schedule(
-    schedule: str, preset: DevicePreset | None, params: PlanParams | None, kernels: Any
+    schedule: str,
+    preset: DevicePreset | None,
+    params: PlanParams | None,
+    kernels: CpuKernels | None,
 ) -> str:
     """`schedule`, with "auto" resolved (see `simulate`; `kernels`: this CPU's, when the step
     is predicted for it); refuse a plan outside the categorized order."""
