@@ -197,8 +197,8 @@ def simulate_captured(
 
     device_name = current_device()
     kernels = cpu_kernels() if preset is None and device_name == "CPU:0" else None
-    schedule = _resolved_schedule(schedule, preset, params, kernels)
-    graph = _simulated_graph(captured, schedule, preset, device_name)
+    schedule = _resolved_schedule(schedule, params, kernels)
+    graph = _simulated_graph(captured, schedule, device_name, kernels is not None)
     profile = None
     if schedule == "recorded" or (preset is not None and costs == "measured"):
         from autotune.profile import record_profile
@@ -224,17 +224,13 @@ def simulate_captured(
     )
 
 
-def _resolved_schedule(
-    schedule: str,
-    preset: DevicePreset | None,
-    params: PlanParams | None,
-    kernels: CpuKernels | None,
-) -> str:
-    """`schedule`, with "auto" resolved (see `simulate`; `kernels`: this CPU's, when the step
-    is predicted for it); refuse a plan outside the categorized order."""
+def _resolved_schedule(schedule: str, params: PlanParams | None, kernels: CpuKernels | None) -> str:
+    """`schedule`, with "auto" resolved (see `simulate`; `kernels`: this CPU's, given only when
+    the step is predicted for it, without a device preset); refuse a plan outside the
+    categorized order."""
     planned = params is not None and bool(params.n_tensors or params.serialize)
     if schedule == "auto":
-        as_run = not planned and preset is None and kernels is not None and not kernels.onednn
+        as_run = not planned and kernels is not None and not kernels.onednn
         return "executor" if as_run else "categorized"
     if schedule != "categorized" and planned:
         raise ValueError(
@@ -244,19 +240,15 @@ def _resolved_schedule(
     return schedule
 
 
-def _simulated_graph(
-    captured: Captured, schedule: str, preset: DevicePreset | None, device: str
-) -> Graph:
+def _simulated_graph(captured: Captured, schedule: str, device: str, for_cpu: bool) -> Graph:
     """The captured graph, or the one Grappler makes of it for a schedule of the step as run;
-    with this CPU's kernels when the prediction is for this CPU (no preset)."""
+    with this CPU's kernels when the prediction is for this CPU (`for_cpu`)."""
     graph = captured.graph
     if schedule != "categorized":
         from rewriter.optimized import optimized_graph
 
         graph = optimized_graph(captured, device)
-    if preset is None and device == "CPU:0":
-        graph = graph.on_cpu()
-    return graph
+    return graph.on_cpu() if for_cpu else graph
 
 
 def _schedule_order(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rewriter.cpukernels import cpu_kernels, cpu_scratch_bytes
+from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
 from rewriter.opsemantics import forwards, inplace_inputs, scratch_bytes
 from simulator.graph import Graph, Op, Tensor, TensorKind
 
@@ -242,8 +242,7 @@ def _op(tf_op: Any) -> Op:
 
 def _cpu_scratch(tf_op: Any) -> int | None:
     """The scratch of this process's CPU kernel where it differs (see rewriter.cpukernels)."""
-    kernels = cpu_kernels()
-    if kernels.onednn or not tf_op.outputs:
+    if tf_op.type not in CPU_SCRATCH_TYPES or not tf_op.outputs:
         return None
     try:
         return cpu_scratch_bytes(
@@ -251,7 +250,7 @@ def _cpu_scratch(tf_op: Any) -> int | None:
             [_shape(t) for t in tf_op.inputs],
             [_shape(t) for t in tf_op.outputs],
             tf_op.outputs[0].dtype.size,
-            kernels,
+            cpu_kernels(),
         )
     except ValueError as err:
         raise CaptureError(f"op {tf_op.name!r}: {err}") from None

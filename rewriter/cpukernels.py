@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["CpuKernels", "cpu_kernels", "cpu_scratch_bytes"]
+__all__ = ["CPU_SCRATCH_TYPES", "CpuKernels", "cpu_kernels", "cpu_scratch_bytes"]
 
 _L2_ASSUMED = 256 << 10  # bytes, constant in conv_grad_input_ops.h
 _L3_ASSUMED = 30 << 20  # bytes, constant in the 2-D kernels
@@ -31,6 +31,13 @@ _MAX_OVERHEAD_3D = 25  # kMaxTempAllocationOverhead of the 3-D kernels
 _L3_FILE = "/sys/devices/system/cpu/cpu0/cache/index3/size"
 
 Shape = tuple[int, ...]
+
+_INPUT_GRADS = frozenset({"Conv2DBackpropInput", "Conv3DBackpropInputV2", "Conv3DBackpropInput"})
+_FILTER_GRADS = frozenset(
+    {"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "Conv3DBackpropFilter"}
+)
+#: Op types whose CPU kernel may hold a buffer of its own (see `cpu_scratch_bytes`).
+CPU_SCRATCH_TYPES = _INPUT_GRADS | _FILTER_GRADS | {"MaxPoolGrad", "MaxPool3DGrad"}
 
 
 @dataclass(frozen=True)
@@ -77,14 +84,10 @@ def cpu_scratch_bytes(
     types without a CPU-specific buffer). Raise ValueError when a needed size is unknown."""
     if kernels.onednn:
         return None
-    if op_type == "Conv2DBackpropInput":
-        return _column_buffer(outputs[0], inputs[1], inputs[2], itemsize, kernels, "input")
-    if op_type == "Conv2DBackpropFilter":
-        return _column_buffer(inputs[0], outputs[0], inputs[2], itemsize, kernels, "filter")
-    if op_type in ("Conv3DBackpropInputV2", "Conv3DBackpropInput"):
-        return _column_buffer(outputs[0], inputs[1], inputs[2], itemsize, kernels, "input 3d")
-    if op_type in ("Conv3DBackpropFilterV2", "Conv3DBackpropFilter"):
-        return _column_buffer(inputs[0], outputs[0], inputs[2], itemsize, kernels, "filter 3d")
+    if op_type in _INPUT_GRADS:  # inputs: sizes (or input), filter, gradient; output: image
+        return _column_buffer(outputs[0], inputs[1], inputs[2], itemsize, kernels, True)
+    if op_type in _FILTER_GRADS:  # inputs: image, filter sizes, gradient; output: filter
+        return _column_buffer(inputs[0], outputs[0], inputs[2], itemsize, kernels, False)
     if op_type == "MaxPoolGrad" and len(inputs) > 1 and inputs[1] is not None:
         return math.prod(inputs[1]) * (itemsize + 8)  # a copy of the pooled output, int64 argmax
     if op_type == "MaxPool3DGrad":
@@ -98,20 +101,20 @@ def _column_buffer(
     grad: Shape | None,
     itemsize: int,
     kernels: CpuKernels,
-    kind: str,
+    of_input: bool,
 ) -> int:
     """Bytes of the im2col buffer [shard images, output pixels, filter size] of a convolution
-    gradient (NHWC / NDHWC), from the image, filter and output-gradient shapes."""
+    gradient (NHWC / NDHWC; `of_input`: the input gradient, else the filter gradient), from the
+    image, filter and output-gradient shapes."""
     image, filt, grad = _known(image), _known(filt), _known(grad)
     batch, out_image, out_depth = grad[0], math.prod(grad[1:-1]), grad[-1]
     filter_total = math.prod(filt[:-1])
     work = out_image * out_depth + filter_total * out_depth + out_image * filter_total
-    three_d = kind.endswith("3d")
+    three_d = len(grad) == 5
     l3 = _needs_l3(kernels) if three_d else _L3_ASSUMED
-    if kind == "input":
-        one_at_a_time = batch == 1 or work // kernels.threads >= _L2_ASSUMED // itemsize
-    else:
-        one_at_a_time = kind == "input 3d" and batch == 1
+    one_at_a_time = of_input and batch == 1
+    if of_input and not three_d:  # the 2-D input gradient also weighs one image's work
+        one_at_a_time |= work // kernels.threads >= _L2_ASSUMED // itemsize
     shard = 1 if one_at_a_time else -(-(l3 // itemsize) // work)
     col = shard * out_image * filter_total
     total = math.prod(image) + math.prod(filt) + math.prod(grad)

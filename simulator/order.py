@@ -60,11 +60,16 @@ def categorized_order(graph: Graph) -> Order:
         nxt.sort(key=index.__getitem__)
         wave = nxt
         depth += 1
-    if len(schedule) != len(graph.ops):
-        stuck = next(name for name, d in indeg.items() if d > 0)
+    return Order(tuple(schedule), level, _positions(schedule, indeg), depth)
+
+
+def _positions(schedule: list[str], waiting: dict[str, int]) -> dict[str, int]:
+    """Each op's position in `schedule`; raise GraphError naming an op still `waiting` for a
+    predecessor (the graph has a cycle) when the schedule left ops out."""
+    if len(schedule) != len(waiting):
+        stuck = next(name for name, n in waiting.items() if n > 0)
         raise GraphError(f"graph has a cycle through op {stuck!r}")
-    position = {name: i for i, name in enumerate(schedule)}
-    return Order(tuple(schedule), level, position, depth)
+    return {name: i for i, name in enumerate(schedule)}
 
 
 def scheduled_order(graph: Graph, priority: dict[str, float], base: Order | None = None) -> Order:
@@ -135,8 +140,4 @@ def executor_order(graph: Graph, inline: Callable[[str], bool], base: Order | No
                     pool.appendleft(expensive)
                 else:
                     run.append(expensive)
-    if len(schedule) != len(graph.ops):
-        stuck = next(name for name, n in pending.items() if n > 0)
-        raise GraphError(f"graph has a cycle through op {stuck!r}")
-    position = {name: i for i, name in enumerate(schedule)}
-    return Order(tuple(schedule), base.level, position, base.n_levels)
+    return Order(tuple(schedule), base.level, _positions(schedule, pending), base.n_levels)
