@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulator.memory import SimResult, paused_gc
@@ -65,6 +67,34 @@ class BFCModel:
             raise OutOfMemory(f"cannot place {nbytes} B within {self.memory_limit} B")
         return addr
 
+    def hold(self, sizes: Sequence[int]) -> None:
+        """Place tensors held for the whole run (never released), as `allocate` one by one would.
+
+        In a fresh model each region is then a used prefix and a free tail: the placement is
+        computed once per list of sizes (every simulation of a graph holds the same variables)
+        and each region's held tensors become one in-use chunk. The bytes in use, the peak and
+        the free chunks are those of the one-by-one placement.
+        """
+        if self.chunks:
+            for nbytes in sizes:
+                self.allocate(nbytes)
+            return
+        regions, grown = _held_layout(tuple(sizes), self.memory_limit, self.region_bytes)
+        self.region_bytes, self.allocated_regions, self._next_base = grown
+        for region in regions:
+            self._place_region(*region)
+
+    def _place_region(self, base: int, size: int, used: int) -> None:
+        """Record a region whose first `used` bytes are one in-use chunk and the rest is free."""
+        end = base + size
+        if used:
+            self.chunks[base] = _Chunk(used, True, end, None)
+            self.in_use += used
+            self.peak = max(self.peak, self.in_use)
+        if used < size:
+            self.chunks[base + used] = _Chunk(size - used, False, end, base if used else None)
+            bisect.insort(self.free, (size - used, base + used))
+
     def release(self, addr: int) -> None:
         """Free the chunk at `addr` and coalesce it with free neighbours."""
         chunks, free = self.chunks, self.free
@@ -116,9 +146,21 @@ class BFCModel:
         return addr
 
     def _extend(self, rounded: int) -> None:
+        region = self._grow(rounded)
+        if region is not None:
+            self._place_region(*region)
+
+    def _new_region(self, rounded: int, nbytes: int) -> list[int]:
+        region = self._grow(rounded)
+        if region is None:
+            raise OutOfMemory(f"cannot place {nbytes} B within {self.memory_limit} B")
+        return region
+
+    def _grow(self, rounded: int) -> list[int] | None:
+        """A new region (base, size, 0 used) that holds `rounded`, or None past the limit."""
         available = (self.memory_limit - self.allocated_regions) // _MIN_ALLOC * _MIN_ALLOC
         if rounded > available:
-            return
+            return None
         increased = False
         while rounded > self.region_bytes:
             self.region_bytes *= 2
@@ -129,8 +171,30 @@ class BFCModel:
         base = self._next_base
         self._next_base += size + (1 << 40)
         self.allocated_regions += size
-        self.chunks[base] = _Chunk(size, False, base + size, None)
-        bisect.insort(self.free, (size, base))
+        return [base, size, 0]
+
+
+@functools.lru_cache(maxsize=8)
+def _held_layout(
+    sizes: tuple[int, ...], memory_limit: int, region_bytes: int
+) -> tuple[list[tuple[int, int, int]], tuple[int, int, int]]:
+    """Regions (base, size, used bytes) after placing `sizes` in a fresh model, and the model's
+    growth state after them (next region size, bytes in regions, next base address)."""
+    model = BFCModel(memory_limit)
+    model.region_bytes = region_bytes
+    regions: list[list[int]] = []  # [base, size, used bytes]
+    for nbytes in sizes:
+        rounded = _rounded(nbytes)
+        fits = [r for r in regions if r[1] - r[2] >= rounded]
+        if not fits:
+            fits = [model._new_region(rounded, nbytes)]
+            regions.append(fits[0])
+        region = min(fits, key=lambda r: (r[1] - r[2], r[0]))  # the smallest free tail that fits
+        tail = region[1] - region[2]
+        split = tail >= 2 * rounded or tail - rounded >= _MAX_INTERNAL_FRAGMENTATION
+        region[2] += rounded if split else tail
+    grown = (model.region_bytes, model.allocated_regions, model._next_base)
+    return [(base, size, used) for base, size, used in regions], grown
 
 
 def replay_peak(
@@ -152,10 +216,14 @@ def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
 
 
 def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: bool) -> int:
-    for nbytes in resident:
-        model.allocate(nbytes)
+    model.hold(resident)
     events = _device_events(trace)
-    for _ in range(2 if warmup else 1):
+    regions = model.allocated_regions
+    model.reset_peak()
+    _replay(events, model)
+    if warmup and model.allocated_regions != regions:
+        # a step frees all it allocates, so only the regions it added change the next step;
+        # without new regions the measured step would repeat the warm-up exactly
         model.reset_peak()
         _replay(events, model)
     return model.peak

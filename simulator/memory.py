@@ -9,9 +9,10 @@ input's buffer, and an element-wise op may take over an input buffer that dies a
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 
 from simulator.graph import Graph
 from simulator.order import Order, categorized_order
@@ -142,11 +143,15 @@ def compile_program(
 
 
 class _Walk:
-    """The interpreter's state while it walks one schedule: buffers, liveness and the trace."""
+    """The interpreter's state while it walks one schedule: buffers, liveness and the trace.
+
+    `run` keeps the hot state in locals (it runs for every op of a graph of thousands, in every
+    trial of a search); the few steps a swap plan adds events to go through `_plan_*`, with the
+    scalars handed over in the attributes.
+    """
 
     def __init__(self, program: Program) -> None:
         self.program = program
-        self.buf = list(range(len(program.last_use)))
         self.buf_last = list(program.last_use)
         self.alive = [False] * len(program.last_use)
         self.frees: dict[int, list[int]] = {}
@@ -156,50 +161,77 @@ class _Walk:
         self.peak_step = 0
         self.host = self.host_peak = 0
 
-    def run_op(self, p: int, outs: list[_Out], kind: int = _ALLOC) -> None:
-        """Give each output of the op at step `p` a buffer: forwarded, reused or new (new
-        buffers are recorded as events of `kind`: allocations, or swap-ins)."""
-        last, buf, buf_last = self.program.last_use, self.buf, self.buf_last
-        frees = self.frees
-        for t, nbytes, fwd, cands in outs:
-            b = fwd if fwd >= 0 else (self._reuse(cands, nbytes, p) if cands else -1)
-            if b >= 0:
-                b = buf[t] = buf[b]
-                if last[t] > buf_last[b]:
-                    buf_last[b] = last[t]
-                    frees.setdefault(last[t], []).append(b)
-                continue
-            # compile_program keeps only outputs that need new device memory here
-            self.alive[t] = True
-            frees.setdefault(last[t], []).append(t)
-            live = self.live = self.live + nbytes
-            self.record((kind, p, t, nbytes, live, self.host))
-            if live > self.peak:
-                self.peak, self.peak_step = live, p
+    def run(self) -> None:
+        """Walk every step: place its outputs (forwarded, an input reused in place, or new),
+        then free the buffers whose last use it is; step outputs are freed after the last."""
+        program = self.program
+        last, sizes, buf = program.last_use, program.alloc_bytes, list(range(len(self.alive)))
+        buf_last, alive, frees, record = self.buf_last, self.alive, self.frees, self.record
+        planned = program.host_out.keys() | program.swap_ins.keys() | program.host_free.keys()
+        live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
+        for p, outs in enumerate(chain(program.steps, ((),))):
+            for t, nbytes, fwd, cands in outs:
+                if fwd < 0:  # an input whose live buffer dies here and has the output's size
+                    for c in cands:
+                        b = buf[c]
+                        if alive[b] and buf_last[b] == p and sizes[b] == nbytes:
+                            fwd = c
+                            break
+                end = last[t]
+                if fwd >= 0:
+                    b = buf[t] = buf[fwd]
+                    if end <= buf_last[b]:
+                        continue
+                    buf_last[b] = end
+                else:  # compile_program keeps only outputs that need new device memory here
+                    b = t
+                    alive[t] = True
+                    live += nbytes
+                    record((_ALLOC, p, t, nbytes, live, host))
+                    if live > peak:
+                        peak, peak_step = live, p
+                if end in frees:
+                    frees[end].append(b)
+                else:
+                    frees[end] = [b]
+            if p in planned:
+                self.live = live
+                self._plan_out(p)
+                host = self.host
+            for b in frees.pop(p, ()):
+                if alive[b] and buf_last[b] == p:
+                    alive[b] = False
+                    live -= sizes[b]
+                    record((_FREE, p, b, sizes[b], live, host))
+            if p in planned:
+                self.live, self.peak, self.peak_step = live, peak, peak_step
+                self._plan_in(p)
+                live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
+        self.live, self.peak, self.peak_step = live, peak, peak_step
 
-    def host_events(self, p: int, events: list[tuple[int, int]], kind: int, sign: int) -> None:
+    def _plan_out(self, p: int) -> None:
+        """Copies to the host the op at step `p` starts (before the step's frees)."""
+        self._host_events(p, self.program.host_out.get(p, ()), _SWAP_OUT, 1)
+
+    def _plan_in(self, p: int) -> None:
+        """Swap-ins the op at step `p` triggers, once the inputs it was the last to read are
+        freed, then the host copies released at `p`. A swap-in is always a new buffer."""
+        last = self.program.last_use
+        for t, nbytes, _, _ in self.program.swap_ins.get(p, ()):
+            self.alive[t] = True
+            self.frees.setdefault(last[t], []).append(t)
+            self.live += nbytes
+            self.record((_SWAP_IN, p, t, nbytes, self.live, self.host))
+            if self.live > self.peak:
+                self.peak, self.peak_step = self.live, p
+        self._host_events(p, self.program.host_free.get(p, ()), _HOST_FREE, -1)
+
+    def _host_events(self, p: int, events: Iterable[tuple[int, int]], kind: int, sign: int) -> None:
         """Copies to the host (sign +1) or their release (sign -1) at step `p`."""
         for t, nbytes in events:
             self.host += sign * nbytes
             self.host_peak = max(self.host_peak, self.host)
             self.record((kind, p, t, nbytes, self.live, self.host))
-
-    def free_dead(self, p: int) -> None:
-        """Free every buffer whose last use is step `p`."""
-        alive, buf_last, sizes = self.alive, self.buf_last, self.program.alloc_bytes
-        for b in self.frees.get(p, ()):
-            if alive[b] and buf_last[b] == p:
-                alive[b] = False
-                self.live -= sizes[b]
-                self.record((_FREE, p, b, sizes[b], self.live, self.host))
-
-    def _reuse(self, cands: tuple[int, ...], nbytes: int, p: int) -> int:
-        """An input whose live buffer dies at step `p` and has the output's exact size, else -1."""
-        for c in cands:
-            b = self.buf[c]
-            if self.alive[b] and self.buf_last[b] == p and self.program.alloc_bytes[b] == nbytes:
-                return c
-        return -1
 
 
 @contextmanager
@@ -223,21 +255,7 @@ def simulate_memory(program: Program) -> SimResult:
 
 def _simulate_memory(program: Program) -> SimResult:
     walk = _Walk(program)
-    host_out, host_free, frees = program.host_out, program.host_free, walk.frees
-    swap_ins = program.swap_ins
-    run_op, free_dead, host_events = walk.run_op, walk.free_dead, walk.host_events
-    for p, outs in enumerate(program.steps):
-        if outs:
-            run_op(p, outs)
-        if p in host_out:
-            host_events(p, host_out[p], _SWAP_OUT, 1)
-        if p in frees:
-            free_dead(p)
-        if p in swap_ins:
-            run_op(p, swap_ins[p], _SWAP_IN)
-        if p in host_free:
-            host_events(p, host_free[p], _HOST_FREE, -1)
-    walk.free_dead(len(program.steps))
+    walk.run()
     order, sizes = program.order, program.alloc_bytes
     residents = tuple(a for a, r in zip(sizes, program.resident) if r and a)
     step = walk.peak_step

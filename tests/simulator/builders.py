@@ -105,13 +105,14 @@ def training_diamond() -> Graph:
 
 
 @st.composite
-def random_graphs(draw: st.DrawFn) -> Graph:
+def random_graphs(draw: st.DrawFn, max_bytes: int = 1 << 16) -> Graph:
+    """A random DAG of up to 26 ops, each output of up to `max_bytes`."""
     g = Graph("random")
     tensors = add(g, "x", [], draw(st.integers(0, 5000)), type="Placeholder", kind=TensorKind.INPUT)
     for i in range(draw(st.integers(1, 25))):
         k = draw(st.integers(1, min(3, len(tensors))))
         ins = draw(st.lists(st.sampled_from(tensors), min_size=k, max_size=k, unique=True))
-        sizes = draw(st.lists(st.integers(0, 1 << 16), min_size=1, max_size=2))
+        sizes = draw(st.lists(st.integers(0, max_bytes), min_size=1, max_size=2))
         fwd = {0: 0} if draw(st.booleans()) and sizes[0] == 0 else {}
         inplace = (0,) if draw(st.booleans()) else ()
         tensors += add(g, f"op{i}", ins, sizes, forwards=fwd, inplace=inplace)

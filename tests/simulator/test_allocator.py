@@ -1,6 +1,10 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from simulator import BFCModel, OutOfMemory
+from simulator import BFCModel, Graph, OutOfMemory, replay_peak, simulate
+from simulator.allocator import _device_events, _replay
+from tests.simulator.builders import random_graphs
 
 
 def test_small_request_splits_a_fresh_region() -> None:
@@ -33,3 +37,90 @@ def test_out_of_memory_names_the_request() -> None:
     bfc = BFCModel(1 << 20, allow_growth=False)
     with pytest.raises(OutOfMemory, match="2097152 B"):
         bfc.allocate(2 << 20)
+
+
+def _state(bfc: BFCModel) -> tuple[object, ...]:
+    regions = (bfc.region_bytes, bfc.allocated_regions, bfc._next_base)
+    return bfc.in_use, bfc.peak, bfc.free, regions
+
+
+def _one_by_one(sizes: list[int], limit: int, growth: bool) -> BFCModel | None:
+    bfc = BFCModel(limit, allow_growth=growth)
+    try:
+        for n in sizes:
+            bfc.allocate(n)
+    except OutOfMemory:
+        return None
+    return bfc
+
+
+@st.composite
+def _sizes(draw: st.DrawFn, small: int, n: int) -> list[int]:
+    """Up to `n` sizes below `small`, and up to two above 128 MiB (where BFC splits a chunk
+    even when the request is more than half of it) among them."""
+    sizes = draw(st.lists(st.integers(0, small), max_size=n))
+    for big in draw(st.lists(st.integers(129 << 20, 200 << 20), max_size=2)):
+        sizes.insert(draw(st.integers(0, len(sizes))), big)
+    return sizes
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _sizes(3 << 20, 60),
+    _sizes(6 << 20, 30),
+    st.integers(8 << 20, 2 << 30) | st.integers(257 << 20, 400 << 20),
+    st.booleans(),
+)
+def test_hold_places_like_one_by_one_allocation(
+    held: list[int], later: list[int], limit: int, growth: bool
+) -> None:
+    """Held tensors merged into one chunk per region leave the allocator where allocating them
+    one by one does, and every later allocation and release lands at the same address."""
+    reference = _one_by_one(held, limit, growth)
+    bfc = BFCModel(limit, allow_growth=growth)
+    if reference is None:
+        with pytest.raises(OutOfMemory):
+            bfc.hold(held)
+        return
+    bfc.hold(held)
+    assert _state(bfc) == _state(reference)
+    addrs: list[tuple[int, int]] = []
+    for i, n in enumerate(later):
+        if i % 3 == 2 and addrs:
+            a, b = addrs.pop(0)
+            bfc.release(a)
+            reference.release(b)
+            continue
+        try:
+            b = reference.allocate(n)
+        except OutOfMemory:
+            with pytest.raises(OutOfMemory):
+                bfc.allocate(n)
+            continue
+        addrs.append((bfc.allocate(n), b))
+        assert addrs[-1][0] == b
+        assert _state(bfc) == _state(reference)
+
+
+@settings(max_examples=100, deadline=None)
+@given(random_graphs(max_bytes=6 << 20), st.integers(4 << 20, 96 << 20), st.booleans())
+def test_warm_up_replays_the_step_unless_it_cannot_change(
+    g: Graph, limit: int, growth: bool
+) -> None:
+    """replay_peak skips the second pass only when the first added no region: its peak is that
+    of two explicit passes (the measured step after a warm-up)."""
+    r = simulate(g)
+    events = _device_events(r.trace)
+    explicit = BFCModel(limit, allow_growth=growth)
+    try:
+        for n in r.resident_sizes:
+            explicit.allocate(n)
+        for _ in range(2):
+            explicit.reset_peak()
+            _replay(events, explicit)
+    except OutOfMemory:
+        with pytest.raises(OutOfMemory):
+            replay_peak(r.trace, list(r.resident_sizes), BFCModel(limit, allow_growth=growth))
+        return
+    model = BFCModel(limit, allow_growth=growth)
+    assert replay_peak(r.trace, list(r.resident_sizes), model) == explicit.peak
