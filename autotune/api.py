@@ -162,15 +162,14 @@ def simulate(
     given, on a device preset (`device=`) for the time model.
 
     `schedule="categorized"` walks the paper's categorized order and needs no device;
-    `schedule="executor"` walks the graph TensorFlow runs (after Grappler) in the order its
-    executor takes with one inter-op thread, emulated without running the step (the real
-    peak of the step as it is, see results/); `schedule="recorded"` first runs the step once on
-    the current device under the profiler and walks the order TensorFlow executed. Plans are
-    simulated in the categorized order only, the order their rewritten step is pinned to; the
-    default, "auto", is the executor's order for the step as it is on this machine (no plan, no
-    device preset) on a CPU whose kernels are TensorFlow's own, and the categorized order
-    otherwise (with oneDNN, a graph pass rewrites the step after Grappler, so neither its ops
-    nor their order are known before it runs).
+    `schedule="executor"` walks the graph TensorFlow runs (after Grappler and, on a oneDNN
+    CPU, after oneDNN's graph pass) in the order its executor takes with one inter-op thread,
+    emulated without running the step (the real peak of the step as it is, see results/);
+    `schedule="recorded"` first runs the step once on the current device under the profiler
+    and walks the order TensorFlow executed. Plans are simulated in the categorized order only,
+    the order their rewritten step is pinned to; the default, "auto", is the executor's order
+    for the step as it is on this CPU (no plan, no device preset), and the categorized order
+    otherwise.
     `costs` are per-op times: Grappler's analytical estimates for the preset, or those measured
     in a profiled step on the current device.
     """
@@ -198,7 +197,7 @@ def simulate_captured(
     device_name = current_device()
     kernels = cpu_kernels() if preset is None and device_name == "CPU:0" else None
     schedule = _resolved_schedule(schedule, params, kernels)
-    graph = _simulated_graph(captured, schedule, device_name, kernels is not None)
+    graph = _simulated_graph(captured, schedule, device_name, kernels)
     profile = None
     if schedule == "recorded" or (preset is not None and costs == "measured"):
         from autotune.profile import record_profile
@@ -230,8 +229,7 @@ def _resolved_schedule(schedule: str, params: PlanParams | None, kernels: CpuKer
     categorized order."""
     planned = params is not None and bool(params.n_tensors or params.serialize)
     if schedule == "auto":
-        as_run = not planned and kernels is not None and not kernels.onednn
-        return "executor" if as_run else "categorized"
+        return "executor" if not planned and kernels is not None else "categorized"
     if schedule != "categorized" and planned:
         raise ValueError(
             f"the {schedule} schedule simulates the step as TensorFlow runs it, without swaps "
@@ -240,15 +238,25 @@ def _resolved_schedule(schedule: str, params: PlanParams | None, kernels: CpuKer
     return schedule
 
 
-def _simulated_graph(captured: Captured, schedule: str, device: str, for_cpu: bool) -> Graph:
-    """The captured graph, or the one Grappler makes of it for a schedule of the step as run;
-    with this CPU's kernels when the prediction is for this CPU (`for_cpu`)."""
+def _simulated_graph(
+    captured: Captured, schedule: str, device: str, kernels: CpuKernels | None
+) -> Graph:
+    """The captured graph, or for a schedule of the step as run the one Grappler makes of it
+    (and, with oneDNN, its graph pass after it); with this CPU's kernels when the prediction is
+    for this CPU (`kernels` given)."""
     graph = captured.graph
     if schedule != "categorized":
         from rewriter.optimized import optimized_graph
 
         graph = optimized_graph(captured, device)
-    return graph.on_cpu() if for_cpu else graph
+    if kernels is None:
+        return graph
+    graph = graph.on_cpu()
+    if kernels.onednn and schedule != "categorized":
+        from rewriter.onednn import onednn_graph
+
+        graph = onednn_graph(graph)
+    return graph
 
 
 def _schedule_order(

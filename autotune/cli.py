@@ -96,10 +96,12 @@ def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3) -> No
         print(f"             ... and {len(edges) - shown} more (see --json)")
 
 
-def _print_cpu_kernels(k: dict[str, Any]) -> None:
+def _print_cpu_kernels(k: dict[str, Any], schedule: str) -> None:
     """Which CPU kernels the prediction models: their temporary buffers depend on it."""
     if k["onednn"]:
-        print("kernels      this CPU's, oneDNN on")
+        as_run = schedule != "categorized"
+        what = ": its graph pass merged filter and bias gradients, pooling workspaces"
+        print(f"kernels      this CPU's, oneDNN on{what if as_run else ''}")
         return
     print(
         "kernels      this CPU's, oneDNN off: TensorFlow's convolution gradients with their "
@@ -133,7 +135,7 @@ def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
         fits = "fits" if r.peak_bytes <= preset.memory_bytes else "does NOT fit"
         print(f"device       {fits} in {_sized(preset.memory_bytes)}")
     if sim.cpu_kernels is not None:
-        _print_cpu_kernels(sim.cpu_kernels)
+        _print_cpu_kernels(sim.cpu_kernels, sim.schedule)
     print(f"simulation   {sim.simulate_seconds * 1e3:.1f} ms (tracing {sim.trace_seconds:.1f} s)")
     if sim.profiled_peak_bytes:
         print(f"profiled     {_sized(sim.profiled_peak_bytes)}  (measured in the recorded step)")

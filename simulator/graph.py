@@ -85,6 +85,9 @@ class Graph:
         self.outputs: list[str] = []
         self.control_consumers: dict[str, list[str]] = {}
         self.functions: list[str] = []
+        #: per op, the order of its successors where a graph pass changed the order of its
+        #: out-edges (the order in which the executor sees them); others follow their outputs
+        self.edge_order: dict[str, list[str]] = {}
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)})"
@@ -140,6 +143,8 @@ class Graph:
 
     def successors(self, op_name: str) -> list[str]:
         """Distinct ops that must run after `op_name` (data and control edges)."""
+        if op_name in self.edge_order:
+            return list(self.edge_order[op_name])
         op = self.ops[op_name]
         succ = [c for t in op.outputs for c in self.tensors[t].consumers]
         succ += self.control_consumers.get(op_name, [])
@@ -159,6 +164,70 @@ class Graph:
             op = out.ops[after]
             out.ops[after] = replace(op, control_inputs=[*op.control_inputs, before])
             out.control_consumers.setdefault(before, []).append(after)
+        return out
+
+    def merged(self, into: str, other: str) -> Graph:
+        """A copy in which op `other` is folded into op `into` (as a graph pass merges two
+        kernels into one): `other`'s outputs become `into`'s last outputs and its control
+        inputs `into`'s; its readers keep reading them. `other` must read only tensors
+        `into` reads, and no op may wait on `other` by a control edge alone."""
+        a, b = self.ops[into], self.ops[other]
+        if not set(b.inputs) <= set(a.inputs):
+            raise GraphError(f"op {other!r} reads tensors op {into!r} does not: cannot merge them")
+        if self.control_consumers.get(other):
+            raise GraphError(f"ops wait on op {other!r} by control edges: cannot merge it")
+        out = self._copy()
+        out.tensors = dict(self.tensors)
+        for name in b.outputs:
+            out.tensors[name] = replace(self.tensors[name], producer=into)
+        for name in set(b.inputs):
+            t = self.tensors[name]
+            out.tensors[name] = replace(t, consumers=[c for c in t.consumers if c != other])
+        extra = [c for c in b.control_inputs if c not in a.control_inputs]
+        for c in extra:
+            out.control_consumers[c] = [into if x == other else x for x in out.control_consumers[c]]
+        for c in set(b.control_inputs) - set(extra):
+            out.control_consumers[c] = [x for x in out.control_consumers[c] if x != other]
+        out.ops[into] = replace(
+            a, outputs=[*a.outputs, *b.outputs], control_inputs=[*a.control_inputs, *extra]
+        )
+        del out.ops[other]
+        out.edge_order = {
+            k: [into if x == other else x for x in dict.fromkeys(v)]
+            for k, v in self.edge_order.items()
+            if k != other
+        }
+        return out
+
+    def with_workspace(self, producer: str, consumer: str, nbytes: int) -> Graph:
+        """A copy in which op `producer` also makes a `nbytes` tensor that op `consumer` reads
+        (a kernel's workspace handed from a forward op to its gradient), named
+        `"{producer}:workspace"`."""
+        name = f"{producer}:workspace"
+        if name in self.tensors:
+            raise GraphError(f"op {producer!r} already has a workspace")
+        a, b = self.ops[producer], self.ops[consumer]
+        out = self._copy()
+        out.tensors = dict(self.tensors)
+        out.tensors[name] = Tensor(name, "uint8", (nbytes,), nbytes, producer, consumers=[consumer])
+        out.ops[producer] = replace(a, outputs=[*a.outputs, name])
+        out.ops[consumer] = replace(b, inputs=[*b.inputs, name])
+        return out
+
+    def with_scratch(self, op_name: str, nbytes: int) -> Graph:
+        """A copy in which op `op_name`'s kernel holds `nbytes` of temporary memory."""
+        out = self._copy()
+        out.ops[op_name] = replace(self.ops[op_name], scratch=nbytes, cpu_scratch=None)
+        return out
+
+    def with_edge_order(self, orders: dict[str, list[str]]) -> Graph:
+        """A copy in which each op of `orders` sees its successors in that order (a graph
+        pass re-added its out-edges); each order must list exactly the op's successors."""
+        for name, order in orders.items():
+            if sorted(order) != sorted(self.successors(name)):
+                raise GraphError(f"edge order of op {name!r} does not list its successors")
+        out = self._copy()
+        out.edge_order.update({k: list(v) for k, v in orders.items()})
         return out
 
     def on_cpu(self) -> Graph:
@@ -184,6 +253,7 @@ class Graph:
         out.outputs = list(self.outputs)
         out.functions = list(self.functions)
         out.control_consumers = {k: list(v) for k, v in self.control_consumers.items()}
+        out.edge_order = {k: list(v) for k, v in self.edge_order.items()}
         return out
 
     def lint(self) -> None:

@@ -1,7 +1,7 @@
 """Predicted against measured peak on the CPU's BFC allocator, each case in a fresh process.
 
 Two checks. The prediction `autotune simulate` makes without running the step (the executor's
-order, emulated, on CPUs whose kernels are TensorFlow's own) against the median of a step
+order, emulated) against the median of a step
 measured in three other processes. And, separating the memory model from the order TensorFlow
 happens to choose, the simulation of the graph TensorFlow ran (after Grappler) in the order
 recorded from one profiled step, against the peak measured in that very step.
@@ -83,8 +83,10 @@ def test_predicted_peak_within_10_percent_of_measured(model: str, batch: int) ->
     error = sim["peak_bytes"] / statistics.median(peaks) - 1
     what = f"{model} batch {batch}, {sim['schedule']} order: {error:+.1%} against {peaks}"
     if sim["cpu_kernels"]["onednn"] and abs(error) > 0.10:
-        # oneDNN's graph pass rewrites the step after Grappler, so the prediction falls back on
-        # the categorized order: -3 % to -25 % on these models (results/, earlier machines)
+        # Known gaps with oneDNN (forced on a CPU without it): the emulation of its graph pass
+        # was within 5 % for tiny-cnn 128 and the transformer, but the 3-D U-Net's measured peak
+        # varies by process (1.9-2.4 MiB at batch 2; prediction 2.4 MiB, +21 % on the median)
+        # and tiny-cnn 32 came out -13 % (the allocator's chunks, see _HISTORY_GAP)
         pytest.xfail(f"known gap with oneDNN: {what}")
-    assert sim["schedule"] == "executor" or sim["cpu_kernels"]["onednn"]
+    assert sim["schedule"] == "executor"
     assert abs(error) <= 0.10, what

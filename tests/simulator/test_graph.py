@@ -58,3 +58,52 @@ def test_on_cpu_gives_ops_their_cpu_kernels_scratch_and_leaves_the_graph_alone()
     assert cpu.predecessors("d") == g.predecessors("d")
     peak = simulate_memory(compile_program(g)).peak_bytes
     assert simulate_memory(compile_program(cpu)).peak_bytes > peak
+
+
+def _grad_block() -> Graph:
+    """x -> p; p's gradient g is read by a filter gradient f (x, sizes, g), a bias gradient b
+    and an input gradient i; u and v read f's and b's outputs."""
+    g = Graph()
+    add(g, "x", [], 64, type="Placeholder", kind=TensorKind.INPUT)
+    add(g, "sizes", [], 16, type="Const")
+    add(g, "p", ["x:0"], 256)
+    add(g, "f", ["x:0", "sizes:0", "p:0"], 32, type="Conv2DBackpropFilter")
+    add(g, "b", ["p:0"], 8, type="BiasAddGrad")
+    add(g, "i", ["p:0"], 64, type="Conv2DBackpropInput")
+    add(g, "u", ["f:0"], 32)
+    add(g, "v", ["b:0"], 8)
+    g.mark_outputs(["u:0", "v:0", "i:0"])
+    return g
+
+
+def test_merged_folds_one_op_into_another() -> None:
+    g = _grad_block()
+    m = g.merged("f", "b")
+    m.lint()
+    assert "b" not in m.ops and "b" in g.ops  # the original is left alone
+    assert m.ops["f"].outputs == ["f:0", "b:0"]
+    assert m.tensors["b:0"].producer == "f" and g.tensors["b:0"].producer == "b"
+    assert m.tensors["p:0"].consumers == ["f", "i"]
+    assert m.successors("f") == ["u", "v"]
+    assert m.predecessors("v") == ["f"]
+
+
+def test_merged_refuses_an_op_reading_other_tensors() -> None:
+    with pytest.raises(GraphError, match="reads tensors"):
+        _grad_block().merged("b", "f")
+
+
+def test_edge_order_sets_the_order_successors_are_seen_in() -> None:
+    g = _grad_block()
+    h = g.with_edge_order({"p": ["i", "b", "f"]})
+    assert h.successors("p") == ["i", "b", "f"] and g.successors("p") == ["f", "b", "i"]
+    with pytest.raises(GraphError, match="does not list"):
+        g.with_edge_order({"p": ["i", "f"]})
+
+
+def test_workspace_is_a_tensor_from_one_op_to_another() -> None:
+    g = _grad_block().with_workspace("p", "i", 100)
+    g.lint()
+    assert g.tensors["p:workspace"].nbytes == 100
+    assert g.ops["p"].outputs[-1] == "p:workspace" and g.ops["i"].inputs[-1] == "p:workspace"
+    assert g.with_scratch("i", 7).ops["i"].scratch == 7

@@ -1,0 +1,113 @@
+"""The step as TensorFlow's oneDNN graph pass hands it to the executor.
+
+With oneDNN, `MklLayoutRewritePass` runs after Grappler. Besides renaming kernels (which keeps
+every edge where it was), it merges each float `Conv2DBackpropFilter(x, sizes, g)` with the
+`BiasAddGrad(g)` of the same gradient into one kernel named after the filter gradient, whose
+outputs are the filter and the bias gradients. The merge re-adds edges, and that changes the
+order in which the executor sees the successors of the op that made `g`:
+
+- the merged op's input edges are appended to the out-edges of its inputs' producers;
+- its out-edges are those of the bias gradient, then those of the filter gradient;
+- the bias gradient is removed, then the filter gradient.
+
+An out-edge set of up to eight edges is an array (`tensorflow/core/graph/edgeset.h`): an edge
+is appended, and an erased edge's slot takes the last edge. So a gradient read in the order
+(filter, bias, input gradient) is read as (input gradient, merged) afterwards: the executor keeps
+the merged op, the last expensive one, on its thread and defers the input gradient, the reverse
+of what it does without oneDNN. Larger sets are hash sets, whose order is not known before the
+step runs; an erased edge then just leaves.
+
+The pass also gives each max pooling whose gradient reads its output a second output, a
+workspace of one byte per pooled element, which the gradient reads instead of recomputing the
+pooling: the allocator records it as the pooling's output, alive until the gradient has run.
+"""
+
+from __future__ import annotations
+
+from simulator import Graph
+
+__all__ = ["onednn_graph"]
+
+#: edges an out-edge set holds in its array (64 bytes of pointers) before it becomes a hash set
+_INLINE_EDGES = 8
+#: max pooling gradients the pass rewrites, and the pooling whose workspace each reads
+_POOL_GRADS = {"MaxPoolGrad": "MaxPool", "MaxPool3DGrad": "MaxPool3D"}
+_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+
+
+def onednn_graph(graph: Graph) -> Graph:
+    """`graph` (as Grappler left it) as TensorFlow's oneDNN pass leaves it: every filter and
+    bias gradient pair merged, the out-edges it edits in their new order, and each max pooling
+    handing its gradient a workspace."""
+    for bias, fltr in _merge_pairs(graph):
+        graph = _merge(graph, fltr, bias)
+    for pool, grad in _pool_pairs(graph):
+        out = graph.tensors[graph.ops[pool].outputs[0]]
+        graph = graph.with_workspace(pool, grad, out.nbytes // _ITEMSIZE[out.dtype])
+        graph = graph.with_scratch(grad, 0)
+    return graph
+
+
+def _pool_pairs(graph: Graph) -> list[tuple[str, str]]:
+    """(max pooling, its gradient) pairs whose gradient reads the pooled output directly: the
+    pass then gives the pooling a second output, one byte per pooled element (the window
+    position of each maximum, recorded by the allocator as an output), which the gradient
+    reads instead of recomputing the pooling."""
+    pairs = []
+    for name, op in graph.ops.items():
+        if op.type not in _POOL_GRADS or len(op.inputs) < 2:
+            continue
+        pooled = graph.tensors[op.inputs[1]]
+        pool = graph.ops[pooled.producer]
+        first = pool.outputs[:1] == [pooled.name]
+        if pool.type == _POOL_GRADS[op.type] and first and pooled.dtype in _ITEMSIZE:
+            pairs.append((pool.name, name))
+    return pairs
+
+
+def _merge_pairs(graph: Graph) -> list[tuple[str, str]]:
+    """(BiasAddGrad, Conv2DBackpropFilter) pairs reading the same float gradient on the same
+    device: for each bias gradient, the first filter gradient that reads the gradient as its
+    third input."""
+    pairs: list[tuple[str, str]] = []
+    taken: set[str] = set()
+    for name, op in graph.ops.items():
+        if op.type != "BiasAddGrad" or not op.inputs:
+            continue
+        grad = graph.tensors[op.inputs[0]]
+        if grad.dtype != "float32":
+            continue
+        for reader in grad.consumers:
+            other = graph.ops[reader]
+            fits = other.type == "Conv2DBackpropFilter" and other.inputs[2:3] == [grad.name]
+            if fits and other.device == op.device and reader not in taken:
+                pairs.append((name, reader))
+                taken.add(reader)
+                break
+    return pairs
+
+
+def _merge(graph: Graph, fltr: str, bias: str) -> Graph:
+    """`graph` with `bias` folded into `fltr`, the out-edges of their producers edited as the
+    pass edits them."""
+    new = f"{fltr} (merged)"
+    producers = list(dict.fromkeys(graph.tensors[t].producer for t in graph.ops[fltr].inputs))
+    orders = {p: [*graph.successors(p), new] for p in producers}
+    for p, edges in orders.items():
+        array = len(edges) <= _INLINE_EDGES  # once a hash set, always one
+        for gone in (bias, fltr):
+            if gone in edges:
+                _erase(edges, gone, array)
+        orders[p] = [fltr if s == new else s for s in edges]
+    orders[fltr] = list(dict.fromkeys(graph.successors(bias) + graph.successors(fltr)))
+    return graph.merged(fltr, bias).with_edge_order(orders)
+
+
+def _erase(edges: list[str], gone: str, array: bool) -> None:
+    """Remove `gone` as TensorFlow's edge set does: in an array, the last edge takes its slot."""
+    i = edges.index(gone)
+    if array:
+        edges[i] = edges[-1]
+        edges.pop()
+    else:
+        del edges[i]
