@@ -11,6 +11,7 @@ writes to `results/quick` unless `--out` says otherwise.
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -144,6 +145,14 @@ def _accuracy_section(d: Any) -> list[str]:
         lines.append(
             f"| {name} | {r['batch']} | {err:+.1%} | {cerr:+.1%} | {rerr:+.1%} | {gerr:+.1%} |"
         )
+    other = d.get("other_kernels") or []
+    if other:
+        errs = ", ".join(_other_error(o) for o in other)
+        state = "on" if other[0]["onednn"] else "off"
+        lines += [
+            "",
+            f"With the other CPU kernels (oneDNN {state}, forced), executor order: {errs}.",
+        ]
     s = d.get("speed")
     if s:
         sim = s["walk"] + s["allocator"]
@@ -154,6 +163,11 @@ def _accuracy_section(d: Any) -> list[str]:
             f"{s['grappler'] / sim:.1f}x faster than Grappler's estimator.",
         ]
     return [*lines, ""]
+
+
+def _other_error(o: dict[str, Any]) -> str:
+    err = o["predicted"] / statistics.median(o["measured_all"]) - 1
+    return f"{o['model']} {o['batch']} {err:+.1%}"
 
 
 def _plans_section(d: Any) -> list[str]:

@@ -12,9 +12,10 @@ from typing import Any
 __all__ = ["cli_json", "write_result"]
 
 
-def cli_json(*args: str) -> dict[str, Any]:
-    """Run `autotune ARGS --json` in a fresh process and return the JSON it printed last."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+def cli_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `autotune ARGS --json` in a fresh process (with `env` added to this one's) and
+    return the JSON it printed last."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     out = subprocess.run(
         [sys.executable, "-m", "autotune.cli", *args, "--json"],
         capture_output=True,

@@ -32,6 +32,8 @@ FULL = [
     ("tiny-transformer", 64, None),
 ]
 QUICK = [("tiny-cnn", 32, None), ("tiny-unet3d", 8, 16), ("tiny-transformer", 16, None)]
+#: cases run again with the CPU kernels this machine does not use by default (oneDNN on or off)
+OTHER_KERNELS = [("resnet50", 8, None), *FULL[3:]]
 
 
 @dataclass
@@ -65,6 +67,31 @@ class Row:
     @property
     def grappler_error(self) -> float:
         return self.grappler / self.measured - 1
+
+
+@dataclass
+class OtherRow:
+    """A case simulated and measured in processes forced to the other CPU kernels."""
+
+    model: str
+    batch: int
+    cube: int | None
+    onednn: bool
+    predicted: int
+    categorized: int
+    measured_all: list[int]
+
+    @property
+    def measured(self) -> int:
+        return int(statistics.median(self.measured_all))
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def categorized_error(self) -> float:
+        return self.categorized / self.measured - 1
 
 
 def _model_args(model: str, batch: int, cube: int | None) -> list[str]:
@@ -102,16 +129,66 @@ def _case(model: str, batch: int, cube: int | None, processes: int) -> Row:
     )
 
 
+def _other_case(model: str, batch: int, cube: int | None, processes: int) -> OtherRow:
+    """`_case` in fresh processes whose CPU kernels are the other ones (TF_ENABLE_ONEDNN_OPTS
+    flipped): predicted (executor order), categorized order, measured."""
+    from rewriter.cpukernels import cpu_kernels
+
+    onednn = not cpu_kernels().onednn
+    env = {"TF_ENABLE_ONEDNN_OPTS": "1" if onednn else "0"}
+    args = _model_args(model, batch, cube)
+    sim = cli_json("simulate", *args, env=env)
+    if sim["cpu_kernels"]["onednn"] != onednn:
+        raise RuntimeError(f"TF_ENABLE_ONEDNN_OPTS={env['TF_ENABLE_ONEDNN_OPTS']} had no effect")
+    cat = cli_json("simulate", *args, "--schedule", "categorized", env=env)
+    peaks = [int(cli_json("measure", *args, env=env)["peak_bytes"]) for _ in range(processes)]
+    return OtherRow(
+        model, batch, cube, onednn, int(sim["peak_bytes"]), int(cat["peak_bytes"]), peaks
+    )
+
+
+def _other_lines(rows: list[OtherRow]) -> list[str]:
+    if not rows:
+        return []
+    flag = "1" if rows[0].onednn else "0"
+    lines = [
+        f"## The other CPU kernels (oneDNN {'on' if rows[0].onednn else 'off'})",
+        "",
+        f"The same cases in processes started with `TF_ENABLE_ONEDNN_OPTS={flag}`, which flips "
+        "the kernels TensorFlow uses on this CPU (with oneDNN, `simulate` emulates its graph "
+        "pass: merged filter and bias gradients, pooling workspaces).",
+        "",
+        "| model | batch | measured (median; each process) | predicted, executor order | error "
+        "| predicted, categorized order | error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        name = f"{r.model} (cube {r.cube})" if r.cube else r.model
+        each = ", ".join(format_bytes(p) for p in r.measured_all)
+        lines.append(
+            f"| {name} | {r.batch} | {format_bytes(r.measured)} ({each}) | "
+            f"{format_bytes(r.predicted)} | **{r.error:+.1%}** | {format_bytes(r.categorized)} | "
+            f"{r.categorized_error:+.1%} |"
+        )
+    return lines
+
+
 def _speed(repeats: int) -> dict[str, float]:
     """Median seconds of one ResNet-50 (batch 32) simulation, its parts, and Grappler's."""
     from autotune.api import capture
     from autotune.zoo import get_entry
     from rewriter.grappler import grappler_peak
-    from simulator import compile_program, replay_peak, simulate_memory
+    from simulator import BFCModel, compile_program, replay_peak, simulate_memory
 
     zm = get_entry("resnet50").build()
     cap = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=32)
-    times: dict[str, list[float]] = {"compile": [], "walk": [], "allocator": [], "grappler": []}
+    times: dict[str, list[float]] = {
+        "compile": [],
+        "walk": [],
+        "allocator": [],
+        "allocator_gpu": [],
+        "grappler": [],
+    }
     for _ in range(repeats):
         t0 = time.perf_counter()
         program = compile_program(cap.graph)
@@ -120,9 +197,12 @@ def _speed(repeats: int) -> dict[str, float]:
         t2 = time.perf_counter()
         replay_peak(result.trace, list(result.resident_sizes))
         t3 = time.perf_counter()
+        gpu = BFCModel(16 << 30, allow_growth=False)  # one region, as on a GPU preset
+        replay_peak(result.trace, list(result.resident_sizes), gpu)
         times["compile"].append(t1 - t0)
         times["walk"].append(t2 - t1)
         times["allocator"].append(t3 - t2)
+        times["allocator_gpu"].append(time.perf_counter() - t3)
     for _ in range(3):
         times["grappler"].append(grappler_peak(cap.concrete_function)[1])
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -170,16 +250,23 @@ def _speed_lines(s: dict[str, float]) -> list[str]:
         f"| lower the graph (once per graph) | {s['compile'] * 1e3:.1f} ms |",
         f"| memory walk (liveness, trace) | {s['walk'] * 1e3:.1f} ms |",
         f"| BFC allocator replay | {s['allocator'] * 1e3:.1f} ms |",
+        f"| (BFC replay with one 16 GiB region, as for a GPU preset: "
+        f"{s['allocator_gpu'] * 1e3:.1f} ms) | |",
         f"| **one simulation (walk + allocator)** | **{sim * 1e3:.1f} ms** |",
         f"| Grappler `DeterminePeakMemoryUsage` | {s['grappler'] * 1e3:.1f} ms |",
         "",
         f"One simulation (walk and allocator replay) is {s['grappler'] / sim:.1f}x faster than "
         f"Grappler's estimator on the same graph; the walk alone, {s['walk'] * 1e3:.1f} ms, "
-        f"is {s['grappler'] / s['walk']:.0f}x faster. Lowering is done once per graph.",
+        f"is {s['grappler'] / s['walk']:.0f}x faster. Lowering is done once per graph, and so "
+        "is the placement of the variables in the allocator; a CPU's allocator grows regions, so "
+        "the step is replayed twice (a warm-up, then the measured step), while one region that "
+        "the warm-up cannot change is replayed once.",
     ]
 
 
-def write_report(rows: list[Row], speed: dict[str, float] | None, out: Path) -> Path:
+def write_report(
+    rows: list[Row], speed: dict[str, float] | None, out: Path, other: list[OtherRow] | None = None
+) -> Path:
     """Write `simulator_accuracy.md` and the raw figures as JSON beside it."""
     out.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -208,12 +295,15 @@ def write_report(rows: list[Row], speed: dict[str, float] | None, out: Path) -> 
         "",
         *_table(rows),
         "",
+        *_other_lines(other or []),
+        "",
     ]
     if speed:
         lines += ["## Speed", "", *_speed_lines(speed), ""]
     path = out / "simulator_accuracy.md"
     path.write_text("\n".join(lines))
     raw = {"rows": [r.__dict__ for r in rows], "speed": speed}
+    raw["other_kernels"] = [r.__dict__ for r in other or []]
     (out / "simulator_accuracy.json").write_text(json.dumps(raw, indent=1))
     return path
 
@@ -237,10 +327,20 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         rows.append(row)
+    other = []
+    for model, batch, cube in [] if args.quick else OTHER_KERNELS:
+        o = _other_case(model, batch, cube, args.processes)
+        print(
+            f"{model:>16} batch {batch:>3}, oneDNN {'on' if o.onednn else 'off'}: predicted "
+            f"{format_bytes(o.predicted):>11}, measured {format_bytes(o.measured):>11} "
+            f"({o.error:+.1%}); categorized order {o.categorized_error:+.1%}",
+            flush=True,
+        )
+        other.append(o)
     speed = None if args.quick else _speed(repeats=11)
     if speed:
         print("\n".join(_speed_lines(speed)))
-    print(f"wrote {write_report(rows, speed, args.out)}")
+    print(f"wrote {write_report(rows, speed, args.out, other)}")
     return 0
 
 
