@@ -36,8 +36,24 @@ QUICK = [("tiny-cnn", 32, None), ("tiny-unet3d", 8, 16), ("tiny-transformer", 16
 OTHER_KERNELS = [("resnet50", 8, None), *FULL[3:]]
 
 
+class _Errors:
+    """Errors of the two predictions against the measured median."""
+
+    predicted: int
+    categorized: int
+    measured: int
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def categorized_error(self) -> float:
+        return self.categorized / self.measured - 1
+
+
 @dataclass
-class Row:
+class Row(_Errors):
     model: str
     batch: int
     cube: int | None
@@ -53,14 +69,6 @@ class Row:
     recorded_measured: int
 
     @property
-    def error(self) -> float:
-        return self.predicted / self.measured - 1
-
-    @property
-    def categorized_error(self) -> float:
-        return self.categorized / self.measured - 1
-
-    @property
     def recorded_error(self) -> float:
         return self.recorded / self.recorded_measured - 1
 
@@ -70,7 +78,7 @@ class Row:
 
 
 @dataclass
-class OtherRow:
+class OtherRow(_Errors):
     """A case simulated and measured in processes forced to the other CPU kernels."""
 
     model: str
@@ -79,19 +87,8 @@ class OtherRow:
     onednn: bool
     predicted: int
     categorized: int
+    measured: int
     measured_all: list[int]
-
-    @property
-    def measured(self) -> int:
-        return int(statistics.median(self.measured_all))
-
-    @property
-    def error(self) -> float:
-        return self.predicted / self.measured - 1
-
-    @property
-    def categorized_error(self) -> float:
-        return self.categorized / self.measured - 1
 
 
 def _model_args(model: str, batch: int, cube: int | None) -> list[str]:
@@ -142,9 +139,9 @@ def _other_case(model: str, batch: int, cube: int | None, processes: int) -> Oth
         raise RuntimeError(f"TF_ENABLE_ONEDNN_OPTS={env['TF_ENABLE_ONEDNN_OPTS']} had no effect")
     cat = cli_json("simulate", *args, "--schedule", "categorized", env=env)
     peaks = [int(cli_json("measure", *args, env=env)["peak_bytes"]) for _ in range(processes)]
-    return OtherRow(
-        model, batch, cube, onednn, int(sim["peak_bytes"]), int(cat["peak_bytes"]), peaks
-    )
+    predicted, categorized = int(sim["peak_bytes"]), int(cat["peak_bytes"])
+    median = int(statistics.median(peaks))
+    return OtherRow(model, batch, cube, onednn, predicted, categorized, median, peaks)
 
 
 def _other_lines(rows: list[OtherRow]) -> list[str]:
