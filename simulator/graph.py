@@ -193,7 +193,7 @@ class Graph:
         )
         del out.ops[other]
         out.edge_order = {
-            k: [into if x == other else x for x in dict.fromkeys(v)]
+            k: list(dict.fromkeys(into if x == other else x for x in v))
             for k, v in self.edge_order.items()
             if k != other
         }

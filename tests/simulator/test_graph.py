@@ -88,6 +88,11 @@ def test_merged_folds_one_op_into_another() -> None:
     assert m.predecessors("v") == ["f"]
 
 
+def test_merged_lists_the_merged_op_once_in_an_edge_order() -> None:
+    g = _grad_block().with_edge_order({"p": ["i", "b", "f"]}).merged("f", "b")
+    assert g.successors("p") == ["i", "f"]
+
+
 def test_merged_refuses_an_op_reading_other_tensors() -> None:
     with pytest.raises(GraphError, match="reads tensors"):
         _grad_block().merged("b", "f")
