@@ -64,7 +64,7 @@ class BFCModel:
             self._extend(rounded)
             addr = self._find(rounded)
         if addr is None:
-            raise OutOfMemory(f"cannot place {nbytes} B within {self.memory_limit} B")
+            raise self._out_of_memory(nbytes)
         return addr
 
     def hold(self, sizes: Sequence[int]) -> None:
@@ -131,7 +131,7 @@ class BFCModel:
             return None
         size, addr = free.pop(i)
         chunk = self.chunks[addr]
-        if size >= 2 * rounded or size - rounded >= _MAX_INTERNAL_FRAGMENTATION:
+        if _splits(size, rounded):
             # split: the rest becomes a free chunk of its own
             rest, rest_size = addr + rounded, size - rounded
             self.chunks[rest] = _Chunk(rest_size, False, chunk.region_end, addr)
@@ -153,8 +153,11 @@ class BFCModel:
     def _new_region(self, rounded: int, nbytes: int) -> list[int]:
         region = self._grow(rounded)
         if region is None:
-            raise OutOfMemory(f"cannot place {nbytes} B within {self.memory_limit} B")
+            raise self._out_of_memory(nbytes)
         return region
+
+    def _out_of_memory(self, nbytes: int) -> OutOfMemory:
+        return OutOfMemory(f"cannot place {nbytes} B within {self.memory_limit} B")
 
     def _grow(self, rounded: int) -> list[int] | None:
         """A new region (base, size, 0 used) that holds `rounded`, or None past the limit."""
@@ -191,10 +194,16 @@ def _held_layout(
             regions.append(fits[0])
         region = min(fits, key=lambda r: (r[1] - r[2], r[0]))  # the smallest free tail that fits
         tail = region[1] - region[2]
-        split = tail >= 2 * rounded or tail - rounded >= _MAX_INTERNAL_FRAGMENTATION
-        region[2] += rounded if split else tail
+        region[2] += rounded if _splits(tail, rounded) else tail
     grown = (model.region_bytes, model.allocated_regions, model._next_base)
     return [(base, size, used) for base, size, used in regions], grown
+
+
+def _splits(size: int, rounded: int) -> bool:
+    """Whether BFC splits a free chunk of `size` to place `rounded` bytes (else the request
+    takes the whole chunk): when the chunk is at least twice the request, or would waste
+    128 MiB or more."""
+    return size >= 2 * rounded or size - rounded >= _MAX_INTERNAL_FRAGMENTATION
 
 
 def replay_peak(
