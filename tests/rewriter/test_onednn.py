@@ -108,11 +108,20 @@ print(json.dumps({"emulated": [n for n in emulated if n in grads],
 @pytest.mark.tf
 @pytest.mark.slow
 def test_with_onednn_tensorflow_runs_the_convolution_gradients_in_the_emulated_order() -> None:
+    """TensorFlow's order varies between processes (edge sets of more than eight edges, such
+    as the learning rate's, iterate in pointer-hash order): in 5 of 17 processes here the first
+    layer's filter gradient ran last instead of first. The emulated order must be the order
+    of at least one of up to five processes; without the edge edits it is the order of none."""
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = subprocess.run(
-        [sys.executable, "-c", _ORDERS], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    orders = json.loads(out.stdout.splitlines()[-1])
-    assert len(orders["ran"]) >= 10
-    assert orders["emulated"] == orders["ran"]
+    seen = []
+    for _ in range(5):
+        out = subprocess.run(
+            [sys.executable, "-c", _ORDERS], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        orders = json.loads(out.stdout.splitlines()[-1])
+        assert len(orders["ran"]) >= 10
+        seen.append(orders["ran"])
+        if orders["emulated"] == orders["ran"]:
+            return
+    pytest.fail(f"emulated {orders['emulated']}, ran {seen}")
