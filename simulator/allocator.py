@@ -10,47 +10,54 @@ as `tf.config.experimental.get_memory_info(...)['peak']` does.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Sequence
 
 from simulator.memory import SimResult, paused_gc
-from simulator.trace import DEVICE_ALLOCS, EventKind, Trace
+from simulator.trace import EventKind, Trace
 
 __all__ = ["BFCModel", "OutOfMemory", "replay_peak", "with_allocator"]
 
 _MIN_ALLOC = 256
 _MAX_INTERNAL_FRAGMENTATION = 128 << 20
 _FIRST_REGION = 2 << 20
+_ALLOC, _FREE, _SWAP_IN = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.SWAP_IN)
 
 
 class OutOfMemory(RuntimeError):
     """The modelled allocator could not place a request within its memory limit."""
 
 
-@dataclass(slots=True)
-class _Chunk:
-    size: int
-    in_use: bool
-    region_end: int
-    prev: int | None
+_ADDR_BITS = 64  # a free chunk is one sortable int: size << _ADDR_BITS | address
+_ADDR_MASK = (1 << _ADDR_BITS) - 1
 
 
 class BFCModel:
-    """Chunks in address order per region, free chunks in one list sorted by (size, address)."""
+    """Chunks by address (in use: `used`; free: `free_at` by start and `free_end` by end, so a
+    released chunk finds free neighbours in two lookups) and the free chunks in one list sorted
+    by (size, address), each encoded as one int. Regions are far apart, so chunks of different
+    regions are never neighbours."""
 
     def __init__(self, memory_limit: int = 1 << 50, *, allow_growth: bool = True) -> None:
         self.memory_limit = memory_limit
         self.region_bytes = min(memory_limit, _FIRST_REGION) if allow_growth else memory_limit
         self.region_bytes = -(-self.region_bytes // _MIN_ALLOC) * _MIN_ALLOC
         self.allocated_regions = 0
-        self.chunks: dict[int, _Chunk] = {}
-        self.free: list[tuple[int, int]] = []
+        self.used: dict[int, int] = {}  # start -> size
+        self.free_at: dict[int, int] = {}  # start -> size
+        self.free_end: dict[int, int] = {}  # end -> start
+        self.sorted_free: list[int] = []
+        self.regions: list[tuple[int, int]] = []  # (base, size)
         self.in_use = 0
         self.peak = 0
         self._next_base = 0
+
+    @property
+    def free(self) -> list[tuple[int, int]]:
+        """Free chunks as (size, address), smallest first: the order best fit searches."""
+        return [(key >> _ADDR_BITS, key & _ADDR_MASK) for key in self.sorted_free]
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes in use now (like reset_memory_stats)."""
@@ -58,14 +65,13 @@ class BFCModel:
 
     def allocate(self, nbytes: int) -> int:
         """Place `nbytes` and return the chunk's address."""
-        rounded = _rounded(nbytes)
-        addr = self._find(rounded)
-        if addr is None:
-            self._extend(rounded)
-            addr = self._find(rounded)
-        if addr is None:
-            raise self._out_of_memory(nbytes)
-        return addr
+        where = [0]
+        self.replay([(0, _rounded(nbytes))], where)
+        return where[0]
+
+    def release(self, addr: int) -> None:
+        """Free the chunk at `addr` and coalesce it with free neighbours."""
+        self.replay([(0, 0)], [addr])
 
     def hold(self, sizes: Sequence[int]) -> None:
         """Place tensors held for the whole run (never released), as `allocate` one by one would.
@@ -75,7 +81,7 @@ class BFCModel:
         and each region's held tensors become one in-use chunk. The bytes in use, the peak and
         the free chunks are those of the one-by-one placement.
         """
-        if self.chunks:
+        if self.used or self.free_at:
             for nbytes in sizes:
                 self.allocate(nbytes)
             return
@@ -84,86 +90,71 @@ class BFCModel:
         for region in regions:
             self._place_region(*region)
 
+    def replay(self, events: Iterable[tuple[int, int]], where: list[int]) -> None:
+        """Place (tensor, rounded bytes) or release (tensor, 0) each event in turn; `where`
+        holds each placed tensor's address. One loop with its state in locals: it runs for
+        every allocation of every simulated step."""
+        used, free_at, free_end, ordered = self.used, self.free_at, self.free_end, self.sorted_free
+        shift, mask, waste = _ADDR_BITS, _ADDR_MASK, _MAX_INTERNAL_FRAGMENTATION
+        in_use, peak = self.in_use, self.peak
+        try:
+            for tensor, rounded in events:
+                if rounded:  # best fit: the smallest free chunk that holds it, lowest address first
+                    i = bisect_left(ordered, rounded << shift)
+                    if i == len(ordered):
+                        self._extend(rounded)
+                        i = bisect_left(ordered, rounded << shift)
+                    key = ordered.pop(i)
+                    size, addr = key >> shift, key & mask
+                    del free_at[addr]
+                    if size >= 2 * rounded or size - rounded >= waste:  # split off the rest
+                        rest = addr + rounded
+                        free_at[rest] = size - rounded
+                        free_end[addr + size] = rest
+                        insort(ordered, (size - rounded) << shift | rest)
+                        size = rounded
+                    else:
+                        del free_end[addr + size]
+                    used[addr] = size
+                    in_use += size
+                    if in_use > peak:
+                        peak = in_use
+                    where[tensor] = addr
+                else:  # release, coalescing with free neighbours
+                    start = where[tensor]
+                    size = used.pop(start)
+                    in_use -= size
+                    end = start + size
+                    if end in free_at:
+                        right = free_at.pop(end)
+                        del ordered[bisect_left(ordered, right << shift | end)]
+                        end += right
+                    if start in free_end:
+                        start = free_end.pop(start)
+                        del ordered[bisect_left(ordered, free_at[start] << shift | start)]
+                    free_at[start] = end - start
+                    free_end[end] = start
+                    insort(ordered, (end - start) << shift | start)
+        finally:  # an OutOfMemory leaves the state of the events before it
+            self.in_use, self.peak = in_use, peak
+
     def _place_region(self, base: int, size: int, used: int) -> None:
         """Record a region whose first `used` bytes are one in-use chunk and the rest is free."""
-        end = base + size
+        self.regions.append((base, size))
         if used:
-            self.chunks[base] = _Chunk(used, True, end, None)
+            self.used[base] = used
             self.in_use += used
             self.peak = max(self.peak, self.in_use)
         if used < size:
-            self.chunks[base + used] = _Chunk(size - used, False, end, base if used else None)
-            bisect.insort(self.free, (size - used, base + used))
-
-    def release(self, addr: int) -> None:
-        """Free the chunk at `addr` and coalesce it with free neighbours."""
-        chunks, free = self.chunks, self.free
-        chunk = chunks[addr]
-        chunk.in_use = False
-        self.in_use -= chunk.size
-        nxt = addr + chunk.size
-        if nxt < chunk.region_end:
-            right = chunks[nxt]
-            if not right.in_use:  # the free right neighbour joins this chunk
-                del free[bisect.bisect_left(free, (right.size, nxt))]
-                self._merge(addr, chunk, nxt, right)
-        prev = chunk.prev
-        if prev is not None:
-            left = chunks[prev]
-            if not left.in_use:  # this chunk joins the free left neighbour
-                del free[bisect.bisect_left(free, (left.size, prev))]
-                self._merge(prev, left, addr, chunk)
-                addr, chunk = prev, left
-        bisect.insort(free, (chunk.size, addr))
-
-    def _merge(self, left_addr: int, left: _Chunk, right_addr: int, right: _Chunk) -> None:
-        """Fold the chunk at `right_addr` into its neighbour at `left_addr`."""
-        del self.chunks[right_addr]
-        left.size += right.size
-        after = left_addr + left.size
-        if after < left.region_end:
-            self.chunks[after].prev = left_addr
-
-    def _find(self, rounded: int) -> int | None:
-        free = self.free
-        i = bisect.bisect_left(free, (rounded, -1))
-        if i == len(free):
-            return None
-        size, addr = free.pop(i)
-        chunk = self.chunks[addr]
-        if _splits(size, rounded):
-            # split: the rest becomes a free chunk of its own
-            rest, rest_size = addr + rounded, size - rounded
-            self.chunks[rest] = _Chunk(rest_size, False, chunk.region_end, addr)
-            if rest + rest_size < chunk.region_end:
-                self.chunks[rest + rest_size].prev = rest
-            chunk.size = rounded
-            bisect.insort(free, (rest_size, rest))
-        chunk.in_use = True
-        self.in_use += chunk.size
-        if self.in_use > self.peak:
-            self.peak = self.in_use
-        return addr
+            self.free_at[base + used] = size - used
+            self.free_end[base + size] = base + used
+            insort(self.sorted_free, (size - used) << _ADDR_BITS | (base + used))
 
     def _extend(self, rounded: int) -> None:
-        region = self._grow(rounded)
-        if region is not None:
-            self._place_region(*region)
-
-    def _new_region(self, rounded: int, nbytes: int) -> list[int]:
-        region = self._grow(rounded)
-        if region is None:
-            raise self._out_of_memory(nbytes)
-        return region
-
-    def _out_of_memory(self, nbytes: int) -> OutOfMemory:
-        return OutOfMemory(f"cannot place {nbytes} B within {self.memory_limit} B")
-
-    def _grow(self, rounded: int) -> list[int] | None:
-        """A new region (base, size, 0 used) that holds `rounded`, or None past the limit."""
+        """Add a region that holds `rounded` bytes, or raise OutOfMemory past the limit."""
         available = (self.memory_limit - self.allocated_regions) // _MIN_ALLOC * _MIN_ALLOC
         if rounded > available:
-            return None
+            raise OutOfMemory(f"cannot place {rounded} B within {self.memory_limit} B")
         increased = False
         while rounded > self.region_bytes:
             self.region_bytes *= 2
@@ -174,36 +165,25 @@ class BFCModel:
         base = self._next_base
         self._next_base += size + (1 << 40)
         self.allocated_regions += size
-        return [base, size, 0]
+        self._place_region(base, size, 0)
 
 
 @functools.lru_cache(maxsize=8)
 def _held_layout(
     sizes: tuple[int, ...], memory_limit: int, region_bytes: int
 ) -> tuple[list[tuple[int, int, int]], tuple[int, int, int]]:
-    """Regions (base, size, used bytes) after placing `sizes` in a fresh model, and the model's
-    growth state after them (next region size, bytes in regions, next base address)."""
+    """Regions (base, size, used bytes) after placing `sizes` one by one in a fresh model, and
+    the model's growth state after them (next region size, bytes in regions, next base
+    address). Without releases each region is a used prefix and a free tail."""
     model = BFCModel(memory_limit)
     model.region_bytes = region_bytes
-    regions: list[list[int]] = []  # [base, size, used bytes]
     for nbytes in sizes:
-        rounded = _rounded(nbytes)
-        fits = [r for r in regions if r[1] - r[2] >= rounded]
-        if not fits:
-            fits = [model._new_region(rounded, nbytes)]
-            regions.append(fits[0])
-        region = min(fits, key=lambda r: (r[1] - r[2], r[0]))  # the smallest free tail that fits
-        tail = region[1] - region[2]
-        region[2] += rounded if _splits(tail, rounded) else tail
-    grown = (model.region_bytes, model.allocated_regions, model._next_base)
-    return [(base, size, used) for base, size, used in regions], grown
-
-
-def _splits(size: int, rounded: int) -> bool:
-    """Whether BFC splits a free chunk of `size` to place `rounded` bytes (else the request
-    takes the whole chunk): when the chunk is at least twice the request, or would waste
-    128 MiB or more."""
-    return size >= 2 * rounded or size - rounded >= _MAX_INTERNAL_FRAGMENTATION
+        model.allocate(nbytes)
+    regions = [
+        (base, size, sum(n for a, n in model.used.items() if base <= a < base + size))
+        for base, size in model.regions
+    ]
+    return regions, (model.region_bytes, model.allocated_regions, model._next_base)
 
 
 def replay_peak(
@@ -227,39 +207,30 @@ def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
 def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: bool) -> int:
     model.hold(resident)
     events = _device_events(trace)
+    where = [0] * trace.n_tensors  # chunk address by tensor
     regions = model.allocated_regions
     model.reset_peak()
-    _replay(events, model)
+    model.replay(events, where)
     if warmup and model.allocated_regions != regions:
         # a step frees all it allocates, so only the regions it added change the next step;
         # without new regions the measured step would repeat the warm-up exactly
         model.reset_peak()
-        _replay(events, model)
+        model.replay(events, where)
     return model.peak
 
 
 def _device_events(trace: Trace) -> list[tuple[int, int]]:
     """(tensor, bytes rounded to the allocator's granularity) for each device allocation and
-    (tensor, 0) for each release, in trace order."""
-    free = int(EventKind.FREE)
+    (tensor, 0) for each release, in trace order. (The walk's sizes are usually rounded
+    already: the test for it is cheaper than the rounding.)"""
+    alloc, free, swap_in, unit = _ALLOC, _FREE, _SWAP_IN, _MIN_ALLOC
     return [
-        (tensor, _rounded(nbytes) if kind != free else 0)
+        (tensor, 0 if kind == free else nbytes if nbytes % unit == 0 < nbytes else _rounded(nbytes))
         for kind, _, tensor, nbytes, _, _ in trace.rows
-        if kind == free or kind in DEVICE_ALLOCS
+        if kind in (alloc, free, swap_in)
     ]
 
 
 def _rounded(nbytes: int) -> int:
     """`nbytes` rounded up to the allocator's granularity (at least one unit)."""
     return max(_MIN_ALLOC, -(-nbytes // _MIN_ALLOC) * _MIN_ALLOC)
-
-
-def _replay(events: list[tuple[int, int]], model: BFCModel) -> None:
-    where = [0] * (1 + max((t for t, _ in events), default=0))  # chunk address by tensor
-    release, find, allocate = model.release, model._find, model.allocate
-    for tensor, rounded in events:
-        if rounded:
-            addr = find(rounded)
-            where[tensor] = addr if addr is not None else allocate(rounded)
-        else:
-            release(where[tensor])

@@ -84,6 +84,11 @@ class Trace:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def n_tensors(self) -> int:
+        """How many tensor ids the rows may name (buffers, scratch and swapped-in copies)."""
+        return len(self._tensors)
+
     def __iter__(self) -> Iterator[Event]:
         for i in range(len(self.rows)):
             yield self.event(i)

@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import BFCModel, Graph, OutOfMemory, replay_peak, simulate
-from simulator.allocator import _device_events, _replay
+from simulator.allocator import _device_events
 from tests.simulator.builders import random_graphs
 
 
@@ -117,10 +117,17 @@ def test_warm_up_replays_the_step_unless_it_cannot_change(
             explicit.allocate(n)
         for _ in range(2):
             explicit.reset_peak()
-            _replay(events, explicit)
+            explicit.replay(events, [0] * r.trace.n_tensors)
     except OutOfMemory:
         with pytest.raises(OutOfMemory):
             replay_peak(r.trace, list(r.resident_sizes), BFCModel(limit, allow_growth=growth))
         return
     model = BFCModel(limit, allow_growth=growth)
     assert replay_peak(r.trace, list(r.resident_sizes), model) == explicit.peak
+
+
+def test_out_of_memory_in_a_replay_keeps_the_state_before_it() -> None:
+    bfc = BFCModel(4 << 20, allow_growth=False)
+    with pytest.raises(OutOfMemory, match="8388608 B"):
+        bfc.replay([(0, 1 << 20), (1, 8 << 20)], [0, 0])
+    assert (bfc.in_use, bfc.peak) == (1 << 20, 1 << 20)
