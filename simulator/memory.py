@@ -12,7 +12,6 @@ import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
 
 from simulator.graph import Graph
 from simulator.order import Order, categorized_order
@@ -51,12 +50,17 @@ class Program:
 
     order: Order
     names: list[str]
+    #: per step, the outputs it places; one more, empty, for the end of the step
     steps: list[list[_Out]]
     last_use: list[int]
     resident: list[bool]
     alloc_bytes: list[int]
     persistent_bytes: int
     levels: list[int]
+    #: the steps a walk has work at, in order: those that place outputs, free a buffer (every
+    #: free happens at some tensor's last use) or have swap events, and the end of the step.
+    #: Most ops of a training graph (constants, variable reads, shape ops) have none.
+    visits: list[int]
     tid: dict[str, int] = field(default_factory=dict)
     #: per step, host copies made (tensor id, bytes) and host copies released
     host_out: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -64,6 +68,12 @@ class Program:
     #: per step, the swap-in copies its op triggers: they start once the op has finished, so
     #: they are allocated after the inputs it was the last to read are freed
     swap_ins: dict[int, list[_Out]] = field(default_factory=dict)
+
+
+def added_visits(visits: list[int], steps: Iterable[int]) -> list[int]:
+    """`visits` (sorted) with `steps` added: where a swap plan adds frees or swap events."""
+    new = set(steps).difference(visits)
+    return sorted(visits + list(new)) if new else visits
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,11 @@ def compile_program(
             resident.append(False)
             last.append(p)
         steps.append(outs)
+    steps.append([])  # the end of the step: its outputs are freed
     persistent = sum(a for a, r in zip(alloc, resident) if r)
     levels = [order.level[o] for o in order.ops]
-    return Program(order, names, steps, last, resident, alloc, persistent, levels, tid)
+    visits = sorted({p for p, outs in enumerate(steps) if outs}.union(last, [len(order.ops)]))
+    return Program(order, names, steps, last, resident, alloc, persistent, levels, visits, tid)
 
 
 class _Walk:
@@ -169,7 +181,9 @@ class _Walk:
         buf_last, alive, frees, record = self.buf_last, self.alive, self.frees, self.record
         planned = program.host_out.keys() | program.swap_ins.keys() | program.host_free.keys()
         live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
-        for p, outs in enumerate(chain(program.steps, ((),))):
+        steps = program.steps
+        for p in program.visits:
+            outs = steps[p]
             for t, nbytes, fwd, cands in outs:
                 if fwd < 0:  # an input whose live buffer dies here and has the output's size
                     for c in cands:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from simulator.graph import Graph
-from simulator.memory import Program, _Out
+from simulator.memory import Program, _Out, added_visits
 from simulator.plan import InvalidPlan, Swap, SwapPlan
 
 __all__ = ["apply_plan"]
@@ -46,6 +46,7 @@ class _Lowering:
         self.host_out: dict[int, list[tuple[int, int]]] = {}
         self.host_free: dict[int, list[tuple[int, int]]] = {}
         self.swap_ins: dict[int, list[_Out]] = {}
+        self.new_last: list[int] = []  # last uses the plan adds or moves
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
@@ -55,6 +56,7 @@ class _Lowering:
         produced = pos[tensor.producer]
         kept = [pos[c] for c in tensor.consumers if c not in rerouted]
         self.last[t] = max([produced, released, *kept])
+        self.new_last.append(self.last[t])
         self.host_out.setdefault(produced, []).append((t, self.alloc[t]))
         done = produced
         for k, swap_in in enumerate(swap.swap_ins):
@@ -99,6 +101,7 @@ class _Lowering:
         self.alloc.append(self.alloc[t])
         self.resident.append(False)
         self.last.append(max(pos[c] for c in consumers))
+        self.new_last.append(self.last[-1])
         self.swap_ins.setdefault(at, []).append((sid, self.alloc[t], -1, ()))
         for c in consumers:
             self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
@@ -115,6 +118,9 @@ class _Lowering:
             host_out=self.host_out,
             host_free=self.host_free,
             swap_ins=self.swap_ins,
+            visits=added_visits(
+                self.base.visits, [*self.new_last, *self.host_out, *self.host_free, *self.swap_ins]
+            ),
         )
 
 

@@ -1,10 +1,12 @@
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 
 from simulator import (
     EventKind,
     Graph,
+    Program,
     TensorKind,
     categorized_order,
     compile_program,
@@ -12,6 +14,7 @@ from simulator import (
     simulate,
     simulate_memory,
 )
+from simulator.memory import added_visits
 from tests.simulator.builders import add, chain, diamond, random_graphs
 
 
@@ -150,3 +153,22 @@ def test_host_by_step_follows_the_host_column_like_live_by_step() -> None:
         before = [h for s, h in zip(mem.trace.step, mem.trace.host) if s < step]
         assert host[step] == (max(at) if at else (before[-1] if before else 0))
     assert host.max() == mem.host_peak_bytes
+
+
+def _every_step(program: Program) -> Program:
+    return replace(program, visits=list(range(len(program.steps))))
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_graphs())
+def test_walking_only_the_visited_steps_walks_like_every_step(g: Graph) -> None:
+    """The walk skips the steps where nothing is placed, freed or swapped: its trace is the
+    one a walk of every step makes."""
+    program = compile_program(g)
+    assert simulate_memory(program).trace.rows == simulate_memory(_every_step(program)).trace.rows
+
+
+def test_added_visits_merges_new_steps_in_order_once() -> None:
+    assert added_visits([1, 4, 9], [9, 2, 2, 12]) == [1, 2, 4, 9, 12]
+    visits = [0, 3]
+    assert added_visits(visits, [3]) is visits

@@ -220,3 +220,15 @@ def test_order_edges_survive_the_plan_round_trip() -> None:
     plan = replace(plan_for(training_chain()), order_edges=(("f3", "gradient_tape/b2"),))
     back = SwapPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
     assert back == plan and back.order_edges == (("f3", "gradient_tape/b2"),)
+
+
+def test_a_copy_that_ends_where_the_walk_has_nothing_else_to_do_frees_there() -> None:
+    """f2 and f3 make no bytes, so the walk has no work at their steps; the device copy of f1
+    still leaves at f2's step, where its copy to the host ends (t=2.5)."""
+    g = training_chain((1024, 0, 0))
+    program = compile_program(g)
+    assert 2 not in program.visits
+    timeline = Timeline.build(program.order, {n: 1.0 for n in g.ops})
+    r = simulate_plan(program, g, plan_for(g), timeline=timeline, link=Link(1024 / 0.5, 1e9))
+    frees = [e.step for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "f1:0"]
+    assert frees == [2]
