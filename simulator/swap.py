@@ -46,7 +46,6 @@ class _Lowering:
         self.host_out: dict[int, list[tuple[int, int]]] = {}
         self.host_free: dict[int, list[tuple[int, int]]] = {}
         self.swap_ins: dict[int, list[_Out]] = {}
-        self.new_last: list[int] = []  # last uses the plan adds or moves
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
@@ -56,7 +55,6 @@ class _Lowering:
         produced = pos[tensor.producer]
         kept = [pos[c] for c in tensor.consumers if c not in rerouted]
         self.last[t] = max([produced, released, *kept])
-        self.new_last.append(self.last[t])
         self.host_out.setdefault(produced, []).append((t, self.alloc[t]))
         done = produced
         for k, swap_in in enumerate(swap.swap_ins):
@@ -101,13 +99,17 @@ class _Lowering:
         self.alloc.append(self.alloc[t])
         self.resident.append(False)
         self.last.append(max(pos[c] for c in consumers))
-        self.new_last.append(self.last[-1])
         self.swap_ins.setdefault(at, []).append((sid, self.alloc[t], -1, ()))
         for c in consumers:
             self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
         return at
 
     def program(self) -> Program:
+        # the walk visits the steps where the plan moved a swapped tensor's last use, where a
+        # swapped-in copy (appended after the base's tensors) is last read, and its swap steps
+        moved = [self.last[t] for outs in self.host_out.values() for t, _ in outs]
+        added = self.last[len(self.base.last_use) :]
+        planned = [*self.host_out, *self.host_free, *self.swap_ins]
         return dataclasses.replace(
             self.base,
             steps=self.steps,
@@ -118,9 +120,7 @@ class _Lowering:
             host_out=self.host_out,
             host_free=self.host_free,
             swap_ins=self.swap_ins,
-            visits=added_visits(
-                self.base.visits, [*self.new_last, *self.host_out, *self.host_free, *self.swap_ins]
-            ),
+            visits=added_visits(self.base.visits, [*moved, *added, *planned]),
         )
 
 

@@ -16,7 +16,7 @@ from simulator import (
     simulate_memory,
     simulate_plan,
 )
-from tests.simulator.builders import training_chain, unet_skip
+from tests.simulator.builders import add, training_chain, unet_skip
 
 
 def plan_for(g, **params):  # type: ignore[no-untyped-def]
@@ -232,3 +232,20 @@ def test_a_copy_that_ends_where_the_walk_has_nothing_else_to_do_frees_there() ->
     r = simulate_plan(program, g, plan_for(g), timeline=timeline, link=Link(1024 / 0.5, 1e9))
     frees = [e.step for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "f1:0"]
     assert frees == [2]
+
+
+def test_a_swapped_in_copy_last_read_where_the_walk_has_nothing_else_to_do_is_freed_there() -> None:
+    """r1 reads f1 in the backward pass, has no outputs and is the last reader of nothing (b1
+    reads f1 later): the walk has no work at its step but the copy swapped in for it."""
+    g = training_chain()
+    add(g, "gradient_tape/r1", ["f1:0"], [], control=["gradient_tape/b3"])
+    program = compile_program(g)
+    r1 = program.order.position["gradient_tape/r1"]
+    assert r1 not in program.visits
+    swap_ins = (
+        SwapIn("gradient_tape/b3", ("gradient_tape/r1",)),
+        SwapIn("gradient_tape/b2", ("gradient_tape/b1",)),
+    )
+    r = simulate_plan(program, g, SwapPlan((Swap("f1:0", 1024, swap_ins),)))
+    frees = [e.step for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "f1:0@in0"]
+    assert frees == [r1]
