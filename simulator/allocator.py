@@ -81,7 +81,7 @@ class BFCModel:
         and each region's held tensors become one in-use chunk. The bytes in use, the peak and
         the free chunks are those of the one-by-one placement.
         """
-        if self.used or self.free_at:
+        if self.regions:  # not fresh
             for nbytes in sizes:
                 self.allocate(nbytes)
             return
