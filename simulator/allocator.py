@@ -24,6 +24,7 @@ _MIN_ALLOC = 256
 _MAX_INTERNAL_FRAGMENTATION = 128 << 20
 _FIRST_REGION = 2 << 20
 _ALLOC, _FREE, _SWAP_IN = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.SWAP_IN)
+_DEVICE_KINDS = frozenset((_ALLOC, _FREE, _SWAP_IN))
 
 
 class OutOfMemory(RuntimeError):
@@ -191,8 +192,9 @@ def replay_peak(
 ) -> int:
     """Peak bytes in use while replaying `trace` after placing the resident tensors' bytes.
 
-    With `warmup`, the step is replayed once before the measured one, as a measurement does, so
-    the measured step starts from the free chunks the warm-up left behind.
+    With `warmup`, the peak is that of the measured step after a warm-up, as a measurement
+    takes it: the measured step starts from the free chunks the warm-up left behind. It is
+    replayed only where it can differ from the warm-up (`_exhausted`).
     """
     with paused_gc():
         return _replay_peak(trace, resident, model or BFCModel(), warmup)
@@ -211,23 +213,39 @@ def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: boo
     regions = model.allocated_regions
     model.reset_peak()
     model.replay(events, where)
-    if warmup and model.allocated_regions != regions:
-        # a step frees all it allocates, so only the regions it added change the next step;
-        # without new regions the measured step would repeat the warm-up exactly
+    if warmup and model.allocated_regions != regions and _exhausted(model):
         model.reset_peak()
         model.replay(events, where)
     return model.peak
+
+
+def _exhausted(model: BFCModel) -> bool:
+    """Whether the measured step after a warm-up could differ from the warm-up: only when the
+    regions fill the memory limit, so that the last one may have been cut short.
+
+    A step frees all it allocates, so the measured step starts where the warm-up did, plus the
+    regions the warm-up added, each whole and free. A region is never smaller than one made
+    before it (sizes double, or grow to fit a request and then stay), unless the limit cuts it,
+    and it lies above them. Best fit takes the smallest chunk that fits, the lowest address on
+    a tie; so at each request the measured step takes the chunk the warm-up took, or, where the
+    warm-up added a region, that same region (the smallest and lowest of those it added from
+    there on). The two steps place every tensor alike and reach the same peak.
+    """
+    return model.memory_limit - model.allocated_regions < _MIN_ALLOC
 
 
 def _device_events(trace: Trace) -> list[tuple[int, int]]:
     """(tensor, bytes rounded to the allocator's granularity) for each device allocation and
     (tensor, 0) for each release, in trace order. (The walk's sizes are usually rounded
     already: the test for it is cheaper than the rounding.)"""
-    alloc, free, swap_in, unit = _ALLOC, _FREE, _SWAP_IN, _MIN_ALLOC
+    device, free, below = _DEVICE_KINDS, _FREE, _MIN_ALLOC - 1  # a power of two
     return [
-        (tensor, 0 if kind == free else nbytes if nbytes % unit == 0 < nbytes else _rounded(nbytes))
+        (
+            tensor,
+            0 if kind == free else nbytes if nbytes & below == 0 < nbytes else _rounded(nbytes),
+        )
         for kind, _, tensor, nbytes, _, _ in trace.rows
-        if kind in (alloc, free, swap_in)
+        if kind in device
     ]
 
 

@@ -255,9 +255,9 @@ def _speed_lines(s: dict[str, float]) -> list[str]:
         f"One simulation (walk and allocator replay) is {s['grappler'] / sim:.1f}x faster than "
         f"Grappler's estimator on the same graph; the walk alone, {s['walk'] * 1e3:.1f} ms, "
         f"is {s['grappler'] / s['walk']:.0f}x faster. Lowering is done once per graph, and so "
-        "is the placement of the variables in the allocator; a CPU's allocator grows regions, so "
-        "the step is replayed twice (a warm-up, then the measured step), while one region that "
-        "the warm-up cannot change is replayed once.",
+        "is the placement of the variables in the allocator. The step is replayed once: the "
+        "measured step after a warm-up places every tensor as the warm-up did, unless the "
+        "regions the warm-up added fill the memory limit (then it is replayed twice).",
     ]
 
 
