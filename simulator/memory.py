@@ -58,9 +58,12 @@ class Program:
     persistent_bytes: int
     levels: list[int]
     #: the steps a walk has work at, in order: those that place outputs, free a buffer (every
-    #: free happens at some tensor's last use) or have swap events, and the end of the step.
-    #: Most ops of a training graph (constants, variable reads, shape ops) have none.
+    #: free happens at the last use of an output placed or forwarded) or have swap events, and
+    #: the end of the step. Most ops of a training graph (constants, variable reads, shape ops)
+    #: have none.
     visits: list[int]
+    #: the bytes of each resident tensor (none is added by a plan), as an allocator holds them
+    resident_sizes: tuple[int, ...]
     tid: dict[str, int] = field(default_factory=dict)
     #: per step, host copies made (tensor id, bytes) and host copies released
     host_out: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -150,8 +153,12 @@ def compile_program(
     steps.append([])  # the end of the step: its outputs are freed
     persistent = sum(a for a, r in zip(alloc, resident) if r)
     levels = [order.level[o] for o in order.ops]
-    visits = sorted({p for p, outs in enumerate(steps) if outs}.union(last, [len(order.ops)]))
-    return Program(order, names, steps, last, resident, alloc, persistent, levels, visits, tid)
+    walked = [(p, last[out[0]]) for p, outs in enumerate(steps) for out in outs]
+    visits = sorted({p for pair in walked for p in pair}.union([len(order.ops)]))
+    held = tuple(a for a, r in zip(alloc, resident) if r and a)
+    return Program(
+        order, names, steps, last, resident, alloc, persistent, levels, visits, held, tid
+    )
 
 
 class _Walk:
@@ -270,8 +277,7 @@ def simulate_memory(program: Program) -> SimResult:
 def _simulate_memory(program: Program) -> SimResult:
     walk = _Walk(program)
     walk.run()
-    order, sizes = program.order, program.alloc_bytes
-    residents = tuple(a for a, r in zip(sizes, program.resident) if r and a)
+    order = program.order
     step = walk.peak_step
     return SimResult(
         walk.peak,
@@ -282,6 +288,6 @@ def _simulate_memory(program: Program) -> SimResult:
         walk.trace,
         order,
         walk.peak,
-        residents,
+        program.resident_sizes,
         walk.host_peak,
     )
