@@ -173,7 +173,7 @@ class _Walk:
         self.program = program
         self.buf_last = list(program.last_use)
         self.alive = [False] * len(program.last_use)
-        self.frees: dict[int, list[int]] = {}
+        self.frees: list[list[int] | None] = [None] * len(program.steps)
         self.trace = Trace(program.order.ops, program.levels, program.names)
         self.record = self.trace.rows.append
         self.live = self.peak = program.persistent_bytes
@@ -186,7 +186,9 @@ class _Walk:
         program = self.program
         last, sizes, buf = program.last_use, program.alloc_bytes, list(range(len(self.alive)))
         buf_last, alive, frees, record = self.buf_last, self.alive, self.frees, self.record
-        planned = program.host_out.keys() | program.swap_ins.keys() | program.host_free.keys()
+        planned = [False] * len(program.steps)  # steps with swap events
+        for q in program.host_out.keys() | program.swap_ins.keys() | program.host_free.keys():
+            planned[q] = True
         live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
         steps = program.steps
         for p in program.visits:
@@ -211,20 +213,23 @@ class _Walk:
                     record((_ALLOC, p, t, nbytes, live, host))
                     if live > peak:
                         peak, peak_step = live, p
-                if end in frees:
-                    frees[end].append(b)
-                else:
+                waiting = frees[end]
+                if waiting is None:
                     frees[end] = [b]
-            if p in planned:
+                else:
+                    waiting.append(b)
+            if planned[p]:
                 self.live = live
                 self._plan_out(p)
                 host = self.host
-            for b in frees.pop(p, ()):
-                if alive[b] and buf_last[b] == p:
-                    alive[b] = False
-                    live -= sizes[b]
-                    record((_FREE, p, b, sizes[b], live, host))
-            if p in planned:
+            waiting = frees[p]
+            if waiting is not None:
+                for b in waiting:
+                    if alive[b] and buf_last[b] == p:
+                        alive[b] = False
+                        live -= sizes[b]
+                        record((_FREE, p, b, sizes[b], live, host))
+            if planned[p]:
                 self.live, self.peak, self.peak_step = live, peak, peak_step
                 self._plan_in(p)
                 live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
@@ -240,7 +245,11 @@ class _Walk:
         last = self.program.last_use
         for t, nbytes, _, _ in self.program.swap_ins.get(p, ()):
             self.alive[t] = True
-            self.frees.setdefault(last[t], []).append(t)
+            waiting = self.frees[last[t]]
+            if waiting is None:
+                self.frees[last[t]] = [t]
+            else:
+                waiting.append(t)
             self.live += nbytes
             self.record((_SWAP_IN, p, t, nbytes, self.live, self.host))
             if self.live > self.peak:
