@@ -6,6 +6,10 @@ the chunk is at least twice the request, so a 1.6 MiB tensor placed in a fresh 2
 all 2 MiB. Regions grow by doubling from 2 MiB when `allow_growth` (TensorFlow's CPU BFC), or are
 one region of the whole memory (a GPU without growth). `bytes_in_use` counts whole chunks, exactly
 as `tf.config.experimental.get_memory_info(...)['peak']` does.
+
+Inside the model, sizes and addresses count 256-byte units (BFC's granularity): they stay small
+ints, which Python adds, compares and hashes faster than the byte counts of a large device.
+The model's attributes and methods speak bytes; only `replay` takes sizes in units.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from simulator.trace import EventKind, Trace
 
 __all__ = ["BFCModel", "OutOfMemory", "replay_peak", "with_allocator"]
 
-_MIN_ALLOC = 256
-_MAX_INTERNAL_FRAGMENTATION = 128 << 20
+_UNIT_BITS = 8
+_UNIT = 1 << _UNIT_BITS  # 256 B: BFC rounds every request up to it (kMinAllocationSize)
+_MAX_INTERNAL_FRAGMENTATION = (128 << 20) // _UNIT
 _FIRST_REGION = 2 << 20
 _ALLOC, _FREE, _SWAP_IN = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.SWAP_IN)
 _DEVICE_KINDS = frozenset((_ALLOC, _FREE, _SWAP_IN))
@@ -31,48 +36,65 @@ class OutOfMemory(RuntimeError):
     """The modelled allocator could not place a request within its memory limit."""
 
 
-_ADDR_BITS = 64  # a free chunk is one sortable int: size << _ADDR_BITS | address
+# a free chunk is one sortable int, size << _ADDR_BITS | address (in units); addresses stay
+# below the memory limit's units plus a unit per region, far below 2**48 units (64 PiB)
+_ADDR_BITS = 48
 _ADDR_MASK = (1 << _ADDR_BITS) - 1
 
 
 class BFCModel:
     """Chunks by address (in use: `used`; free: `free_at` by start and `free_end` by end, so a
     released chunk finds free neighbours in two lookups) and the free chunks in one list sorted
-    by (size, address), each encoded as one int. Regions are far apart, so chunks of different
-    regions are never neighbours."""
+    by (size, address), each encoded as one int, all in units of 256 B. Regions lie a unit
+    apart, so chunks of different regions are never neighbours."""
 
     def __init__(self, memory_limit: int = 1 << 50, *, allow_growth: bool = True) -> None:
+        if not 0 < memory_limit < _UNIT << _ADDR_BITS - 1:
+            raise ValueError(f"memory limit {memory_limit} B is not within 1 B to 32 PiB")
         self.memory_limit = memory_limit
         self.region_bytes = min(memory_limit, _FIRST_REGION) if allow_growth else memory_limit
-        self.region_bytes = -(-self.region_bytes // _MIN_ALLOC) * _MIN_ALLOC
+        self.region_bytes = _units(self.region_bytes) * _UNIT
         self.allocated_regions = 0
+        # in units of 256 B:
         self.used: dict[int, int] = {}  # start -> size
         self.free_at: dict[int, int] = {}  # start -> size
         self.free_end: dict[int, int] = {}  # end -> start
         self.sorted_free: list[int] = []
         self.regions: list[tuple[int, int]] = []  # (base, size)
-        self.in_use = 0
-        self.peak = 0
+        self.in_use_units = 0
+        self.peak_units = 0
         self._next_base = 0
 
     @property
+    def in_use(self) -> int:
+        """Bytes in chunks in use."""
+        return self.in_use_units * _UNIT
+
+    @property
+    def peak(self) -> int:
+        """The most bytes in use since the model was made or its peak reset."""
+        return self.peak_units * _UNIT
+
+    @property
     def free(self) -> list[tuple[int, int]]:
-        """Free chunks as (size, address), smallest first: the order best fit searches."""
-        return [(key >> _ADDR_BITS, key & _ADDR_MASK) for key in self.sorted_free]
+        """Free chunks as (bytes, address), smallest first: the order best fit searches."""
+        return [
+            ((key >> _ADDR_BITS) * _UNIT, (key & _ADDR_MASK) * _UNIT) for key in self.sorted_free
+        ]
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes in use now (like reset_memory_stats)."""
-        self.peak = self.in_use
+        self.peak_units = self.in_use_units
 
     def allocate(self, nbytes: int) -> int:
         """Place `nbytes` and return the chunk's address."""
         where = [0]
-        self.replay([(0, _rounded(nbytes))], where)
-        return where[0]
+        self.replay([(0, _units(nbytes))], where)
+        return where[0] * _UNIT
 
     def release(self, addr: int) -> None:
         """Free the chunk at `addr` and coalesce it with free neighbours."""
-        self.replay([(0, 0)], [addr])
+        self.replay([(0, 0)], [addr // _UNIT])
 
     def hold(self, sizes: Sequence[int]) -> None:
         """Place tensors held for the whole run (never released), as `allocate` one by one would.
@@ -92,28 +114,28 @@ class BFCModel:
             self._place_region(*region)
 
     def replay(self, events: Iterable[tuple[int, int]], where: list[int]) -> None:
-        """Place (tensor, rounded bytes) or release (tensor, 0) each event in turn; `where`
-        holds each placed tensor's address. One loop with its state in locals: it runs for
-        every allocation of every simulated step."""
+        """Place (tensor, size in units of 256 B) or release (tensor, 0) each event in turn;
+        `where` holds each placed tensor's address (in units). One loop with its state in
+        locals: it runs for every allocation of every simulated step."""
         used, free_at, free_end, ordered = self.used, self.free_at, self.free_end, self.sorted_free
         shift, mask, waste = _ADDR_BITS, _ADDR_MASK, _MAX_INTERNAL_FRAGMENTATION
-        in_use, peak = self.in_use, self.peak
+        in_use, peak = self.in_use_units, self.peak_units
         try:
-            for tensor, rounded in events:
-                if rounded:  # best fit: the smallest free chunk that holds it, lowest address first
-                    i = bisect_left(ordered, rounded << shift)
-                    if i == len(ordered):
-                        self._extend(rounded)
-                        i = bisect_left(ordered, rounded << shift)
-                    key = ordered.pop(i)
+            for tensor, units in events:
+                if units:  # best fit: the smallest free chunk that holds it, lowest address first
+                    try:
+                        key = ordered.pop(bisect_left(ordered, units << shift))
+                    except IndexError:  # no free chunk fits: a new region
+                        self._extend(units)
+                        key = ordered.pop(bisect_left(ordered, units << shift))
                     size, addr = key >> shift, key & mask
                     del free_at[addr]
-                    if size >= 2 * rounded or size - rounded >= waste:  # split off the rest
-                        rest = addr + rounded
-                        free_at[rest] = size - rounded
+                    if size >= 2 * units or size - units >= waste:  # split off the rest
+                        rest = addr + units
+                        free_at[rest] = size - units
                         free_end[addr + size] = rest
-                        insort(ordered, (size - rounded) << shift | rest)
-                        size = rounded
+                        insort(ordered, (size - units) << shift | rest)
+                        size = units
                     else:
                         del free_end[addr + size]
                     used[addr] = size
@@ -137,23 +159,24 @@ class BFCModel:
                     free_end[end] = start
                     insort(ordered, (end - start) << shift | start)
         finally:  # an OutOfMemory leaves the state of the events before it
-            self.in_use, self.peak = in_use, peak
+            self.in_use_units, self.peak_units = in_use, peak
 
     def _place_region(self, base: int, size: int, used: int) -> None:
-        """Record a region whose first `used` bytes are one in-use chunk and the rest is free."""
+        """Record a region whose first `used` units are one in-use chunk and the rest is free."""
         self.regions.append((base, size))
         if used:
             self.used[base] = used
-            self.in_use += used
-            self.peak = max(self.peak, self.in_use)
+            self.in_use_units += used
+            self.peak_units = max(self.peak_units, self.in_use_units)
         if used < size:
             self.free_at[base + used] = size - used
             self.free_end[base + size] = base + used
             insort(self.sorted_free, (size - used) << _ADDR_BITS | (base + used))
 
-    def _extend(self, rounded: int) -> None:
-        """Add a region that holds `rounded` bytes, or raise OutOfMemory past the limit."""
-        available = (self.memory_limit - self.allocated_regions) // _MIN_ALLOC * _MIN_ALLOC
+    def _extend(self, units: int) -> None:
+        """Add a region that holds `units`, or raise OutOfMemory past the limit."""
+        rounded = units * _UNIT
+        available = (self.memory_limit - self.allocated_regions) // _UNIT * _UNIT
         if rounded > available:
             raise OutOfMemory(f"cannot place {rounded} B within {self.memory_limit} B")
         increased = False
@@ -164,18 +187,18 @@ class BFCModel:
         if not increased:
             self.region_bytes *= 2
         base = self._next_base
-        self._next_base += size + (1 << 40)
+        self._next_base += size // _UNIT + 1
         self.allocated_regions += size
-        self._place_region(base, size, 0)
+        self._place_region(base, size // _UNIT, 0)
 
 
 @functools.lru_cache(maxsize=8)
 def _held_layout(
     sizes: tuple[int, ...], memory_limit: int, region_bytes: int
 ) -> tuple[list[tuple[int, int, int]], tuple[int, int, int]]:
-    """Regions (base, size, used bytes) after placing `sizes` one by one in a fresh model, and
-    the model's growth state after them (next region size, bytes in regions, next base
-    address). Without releases each region is a used prefix and a free tail."""
+    """Regions (base, size, used; in units) after placing `sizes` (bytes) one by one in a fresh
+    model, and the model's growth state after them (next region size, bytes in regions, next
+    base address). Without releases each region is a used prefix and a free tail."""
     model = BFCModel(memory_limit)
     model.region_bytes = region_bytes
     for nbytes in sizes:
@@ -231,24 +254,21 @@ def _exhausted(model: BFCModel) -> bool:
     warm-up added a region, that same region (the smallest and lowest of those it added from
     there on). The two steps place every tensor alike and reach the same peak.
     """
-    return model.memory_limit - model.allocated_regions < _MIN_ALLOC
+    return model.memory_limit - model.allocated_regions < _UNIT
 
 
 def _device_events(trace: Trace) -> list[tuple[int, int]]:
-    """(tensor, bytes rounded to the allocator's granularity) for each device allocation and
-    (tensor, 0) for each release, in trace order. (The walk's sizes are usually rounded
+    """(tensor, size in units of 256 B, rounded up) for each device allocation and (tensor, 0)
+    for each release, in trace order. (The walk's sizes are usually multiples of 256 B
     already: the test for it is cheaper than the rounding.)"""
-    device, free, below = _DEVICE_KINDS, _FREE, _MIN_ALLOC - 1  # a power of two
+    device, free, bits, below = _DEVICE_KINDS, _FREE, _UNIT_BITS, _UNIT - 1
     return [
-        (
-            tensor,
-            0 if kind == free else nbytes if nbytes & below == 0 < nbytes else _rounded(nbytes),
-        )
-        for kind, _, tensor, nbytes, _, _ in trace.rows
+        (tensor, 0 if kind == free else n >> bits if n & below == 0 < n else _units(n))
+        for kind, _, tensor, n, _, _ in trace.rows
         if kind in device
     ]
 
 
-def _rounded(nbytes: int) -> int:
-    """`nbytes` rounded up to the allocator's granularity (at least one unit)."""
-    return max(_MIN_ALLOC, -(-nbytes // _MIN_ALLOC) * _MIN_ALLOC)
+def _units(nbytes: int) -> int:
+    """`nbytes` in units of the allocator's granularity, rounded up (at least one unit)."""
+    return max(1, -(-nbytes // _UNIT))

@@ -33,6 +33,13 @@ def test_regions_double_and_free_chunks_coalesce() -> None:
     assert bfc.peak == (2 << 20)
 
 
+def test_a_memory_limit_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="memory limit 0 B"):
+        BFCModel(0)
+    with pytest.raises(ValueError, match="32 PiB"):
+        BFCModel(1 << 56)
+
+
 def test_out_of_memory_names_the_request() -> None:
     bfc = BFCModel(1 << 20, allow_growth=False)
     with pytest.raises(OutOfMemory, match="2097152 B"):
@@ -164,5 +171,5 @@ def test_a_region_cut_short_by_the_limit_changes_the_measured_step() -> None:
 def test_out_of_memory_in_a_replay_keeps_the_state_before_it() -> None:
     bfc = BFCModel(4 << 20, allow_growth=False)
     with pytest.raises(OutOfMemory, match="8388608 B"):
-        bfc.replay([(0, 1 << 20), (1, 8 << 20)], [0, 0])
+        bfc.replay([(0, (1 << 20) // 256), (1, (8 << 20) // 256)], [0, 0])  # units of 256 B
     assert (bfc.in_use, bfc.peak) == (1 << 20, 1 << 20)
