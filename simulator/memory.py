@@ -128,7 +128,7 @@ def compile_program(
     resident = [t.kind.resident for t in tensors]
     alloc = [_round_up(t.nbytes, granularity) for t in tensors]
     last = _last_uses(graph, order, tid)
-    fixed = [not t.kind.on_device for t in tensors]
+    unwalked = [not t.kind.on_device for t in tensors]  # no device buffer of its own to walk
     steps: list[list[_Out]] = []
     for p, op_name in enumerate(order.ops):
         op = graph.ops[op_name]
@@ -137,10 +137,10 @@ def compile_program(
         for j, out in enumerate(op.outputs):
             fwd = ins[op.forwards[j]] if j in op.forwards else -1
             cands = tuple(ins[i] for i in op.inplace) if j == 0 else ()
-            if fwd >= 0 and fixed[fwd]:
-                fixed[tid[out]] = True  # an alias of a buffer held across the step
-            if fixed[tid[out]] or (fwd < 0 and not alloc[tid[out]]):
-                continue  # resident, an alias of resident, or no bytes: nothing to walk
+            if (fwd >= 0 and unwalked[fwd]) or (fwd < 0 and not alloc[tid[out]]):
+                unwalked[tid[out]] = True  # an alias of a buffer held across the step, or empty
+            if unwalked[tid[out]]:
+                continue  # resident, no bytes, or an alias of either: nothing to walk
             outs.append((tid[out], alloc[tid[out]], fwd, cands))
         if op.scratch:
             # the kernel's temporary memory: a buffer that dies at the step that made it
@@ -171,8 +171,8 @@ class _Walk:
 
     def __init__(self, program: Program) -> None:
         self.program = program
-        self.buf_last = list(program.last_use)
-        self.alive = [False] * len(program.last_use)
+        #: per buffer, the step of its last use while it is allocated, else -1
+        self.buf_last = [-1] * len(program.last_use)
         self.frees: list[list[int] | None] = [None] * len(program.steps)
         self.trace = Trace(program.order.ops, program.levels, program.names)
         self.record = self.trace.rows.append
@@ -184,8 +184,8 @@ class _Walk:
         """Walk every step: place its outputs (forwarded, an input reused in place, or new),
         then free the buffers whose last use it is; step outputs are freed after the last."""
         program = self.program
-        last, sizes, buf = program.last_use, program.alloc_bytes, list(range(len(self.alive)))
-        buf_last, alive, frees, record = self.buf_last, self.alive, self.frees, self.record
+        last, sizes, buf = program.last_use, program.alloc_bytes, list(range(len(self.buf_last)))
+        buf_last, frees, record = self.buf_last, self.frees, self.record
         planned = [False] * len(program.steps)  # steps with swap events
         for q in program.host_out.keys() | program.swap_ins.keys() | program.host_free.keys():
             planned[q] = True
@@ -197,7 +197,7 @@ class _Walk:
                 if fwd < 0:  # an input whose live buffer dies here and has the output's size
                     for c in cands:
                         b = buf[c]
-                        if alive[b] and buf_last[b] == p and sizes[b] == nbytes:
+                        if buf_last[b] == p and sizes[b] == nbytes:
                             fwd = c
                             break
                 end = last[t]
@@ -208,7 +208,7 @@ class _Walk:
                     buf_last[b] = end
                 else:  # compile_program keeps only outputs that need new device memory here
                     b = t
-                    alive[t] = True
+                    buf_last[t] = end
                     live += nbytes
                     record((_ALLOC, p, t, nbytes, live, host))
                     if live > peak:
@@ -225,8 +225,8 @@ class _Walk:
             waiting = frees[p]
             if waiting is not None:
                 for b in waiting:
-                    if alive[b] and buf_last[b] == p:
-                        alive[b] = False
+                    if buf_last[b] == p:
+                        buf_last[b] = -1
                         live -= sizes[b]
                         record((_FREE, p, b, sizes[b], live, host))
             if planned[p]:
@@ -244,7 +244,7 @@ class _Walk:
         freed, then the host copies released at `p`. A swap-in is always a new buffer."""
         last = self.program.last_use
         for t, nbytes, _, _ in self.program.swap_ins.get(p, ()):
-            self.alive[t] = True
+            self.buf_last[t] = last[t]
             waiting = self.frees[last[t]]
             if waiting is None:
                 self.frees[last[t]] = [t]
