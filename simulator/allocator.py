@@ -9,7 +9,7 @@ as `tf.config.experimental.get_memory_info(...)['peak']` does.
 
 Inside the model, sizes and addresses count 256-byte units (BFC's granularity): they stay small
 ints, which Python adds, compares and hashes faster than the byte counts of a large device.
-The model's attributes and methods speak bytes; only `replay` takes sizes in units.
+The model's attributes and methods speak bytes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 
 from simulator.memory import SimResult, paused_gc
-from simulator.trace import EventKind, Trace
+from simulator.trace import DEVICE_ALLOCS, EventKind, Row, Trace
 
 __all__ = ["BFCModel", "OutOfMemory", "replay_peak", "with_allocator"]
 
@@ -28,8 +28,7 @@ _UNIT_BITS = 8
 _UNIT = 1 << _UNIT_BITS  # 256 B: BFC rounds every request up to it (kMinAllocationSize)
 _MAX_INTERNAL_FRAGMENTATION = (128 << 20) // _UNIT
 _FIRST_REGION = 2 << 20
-_ALLOC, _FREE, _SWAP_IN = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.SWAP_IN)
-_DEVICE_KINDS = frozenset((_ALLOC, _FREE, _SWAP_IN))
+_ALLOC, _FREE = int(EventKind.ALLOC), int(EventKind.FREE)
 
 
 class OutOfMemory(RuntimeError):
@@ -89,12 +88,12 @@ class BFCModel:
     def allocate(self, nbytes: int) -> int:
         """Place `nbytes` and return the chunk's address."""
         where = [0]
-        self.replay([(0, _units(nbytes))], where)
+        self.replay([(_ALLOC, 0, 0, nbytes, 0, 0)], where)
         return where[0] * _UNIT
 
     def release(self, addr: int) -> None:
         """Free the chunk at `addr` and coalesce it with free neighbours."""
-        self.replay([(0, 0)], [addr // _UNIT])
+        self.replay([(_FREE, 0, 0, 0, 0, 0)], [addr // _UNIT])
 
     def hold(self, sizes: Sequence[int]) -> None:
         """Place tensors held for the whole run (never released), as `allocate` one by one would.
@@ -113,16 +112,34 @@ class BFCModel:
         for region in regions:
             self._place_region(*region)
 
-    def replay(self, events: Iterable[tuple[int, int]], where: list[int]) -> None:
-        """Place (tensor, size in units of 256 B) or release (tensor, 0) each event in turn;
-        `where` holds each placed tensor's address (in units). One loop with its state in
-        locals: it runs for every allocation of every simulated step."""
+    def replay(self, rows: Iterable[Row], where: list[int]) -> None:
+        """Replay a trace's rows in turn: place each device allocation (ALLOC, SWAP_IN) and
+        release each FREE; host events pass. `where` holds each placed tensor's address (in
+        units). One loop with its state in locals, reading the walk's rows as they are: it runs
+        for every allocation of every simulated step."""
         used, free_at, free_end, ordered = self.used, self.free_at, self.free_end, self.sorted_free
         shift, mask, waste = _ADDR_BITS, _ADDR_MASK, _MAX_INTERNAL_FRAGMENTATION
+        free, placed, bits, up = _FREE, DEVICE_ALLOCS, _UNIT_BITS, _UNIT - 1
         in_use, peak = self.in_use_units, self.peak_units
         try:
-            for tensor, units in events:
-                if units:  # best fit: the smallest free chunk that holds it, lowest address first
+            for kind, _, tensor, nbytes, _, _ in rows:
+                if kind == free:  # release, coalescing with free neighbours
+                    start = where[tensor]
+                    size = used.pop(start)
+                    in_use -= size
+                    end = start + size
+                    if end in free_at:
+                        right = free_at.pop(end)
+                        del ordered[bisect_left(ordered, right << shift | end)]
+                        end += right
+                    if start in free_end:
+                        start = free_end.pop(start)
+                        del ordered[bisect_left(ordered, free_at[start] << shift | start)]
+                    free_at[start] = end - start
+                    free_end[end] = start
+                    insort(ordered, (end - start) << shift | start)
+                elif kind in placed:  # best fit: the smallest free chunk that holds it
+                    units = (nbytes + up) >> bits or 1
                     try:
                         key = ordered.pop(bisect_left(ordered, units << shift))
                     except IndexError:  # no free chunk fits: a new region
@@ -143,21 +160,6 @@ class BFCModel:
                     if in_use > peak:
                         peak = in_use
                     where[tensor] = addr
-                else:  # release, coalescing with free neighbours
-                    start = where[tensor]
-                    size = used.pop(start)
-                    in_use -= size
-                    end = start + size
-                    if end in free_at:
-                        right = free_at.pop(end)
-                        del ordered[bisect_left(ordered, right << shift | end)]
-                        end += right
-                    if start in free_end:
-                        start = free_end.pop(start)
-                        del ordered[bisect_left(ordered, free_at[start] << shift | start)]
-                    free_at[start] = end - start
-                    free_end[end] = start
-                    insort(ordered, (end - start) << shift | start)
         finally:  # an OutOfMemory leaves the state of the events before it
             self.in_use_units, self.peak_units = in_use, peak
 
@@ -231,14 +233,13 @@ def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
 
 def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: bool) -> int:
     model.hold(resident)
-    events = _device_events(trace)
     where = [0] * trace.n_tensors  # chunk address by tensor
     regions = model.allocated_regions
     model.reset_peak()
-    model.replay(events, where)
+    model.replay(trace.rows, where)
     if warmup and model.allocated_regions != regions and _exhausted(model):
         model.reset_peak()
-        model.replay(events, where)
+        model.replay(trace.rows, where)
     return model.peak
 
 
@@ -255,18 +256,6 @@ def _exhausted(model: BFCModel) -> bool:
     there on). The two steps place every tensor alike and reach the same peak.
     """
     return model.memory_limit - model.allocated_regions < _UNIT
-
-
-def _device_events(trace: Trace) -> list[tuple[int, int]]:
-    """(tensor, size in units of 256 B, rounded up) for each device allocation and (tensor, 0)
-    for each release, in trace order. (The walk's sizes are usually multiples of 256 B
-    already: the test for it is cheaper than the rounding.)"""
-    device, free, bits, below = _DEVICE_KINDS, _FREE, _UNIT_BITS, _UNIT - 1
-    return [
-        (tensor, 0 if kind == free else n >> bits if n & below == 0 < n else _units(n))
-        for kind, _, tensor, n, _, _ in trace.rows
-        if kind in device
-    ]
 
 
 def _units(nbytes: int) -> int:

@@ -8,7 +8,7 @@ from enum import IntEnum
 
 import numpy as np
 
-__all__ = ["DEVICE_ALLOCS", "Event", "EventKind", "Trace"]
+__all__ = ["DEVICE_ALLOCS", "Event", "EventKind", "Row", "Trace"]
 
 
 class EventKind(IntEnum):
@@ -38,7 +38,7 @@ class Event:
 
 #: Event kinds that take device memory: a new tensor, or a swapped-in copy.
 DEVICE_ALLOCS = frozenset({int(EventKind.ALLOC), int(EventKind.SWAP_IN)})
-_Row = tuple[int, int, int, int, int, int]  # kind, step, tensor id, bytes, device live, host live
+Row = tuple[int, int, int, int, int, int]  # kind, step, tensor id, bytes, device live, host live
 
 
 class Trace:
@@ -49,7 +49,7 @@ class Trace:
         self._ops = ops
         self._levels = levels
         self._tensors = tensors
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
         self._columns: list[tuple[int, ...]] | None = None
 
     def _column(self, i: int) -> tuple[int, ...]:

@@ -2,8 +2,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import BFCModel, Graph, OutOfMemory, SimResult, TensorKind, replay_peak, simulate
-from simulator.allocator import _device_events
+from simulator import (
+    BFCModel,
+    EventKind,
+    Graph,
+    OutOfMemory,
+    SimResult,
+    TensorKind,
+    replay_peak,
+    simulate,
+)
 from tests.simulator.builders import add, random_graphs
 
 
@@ -111,14 +119,13 @@ def test_hold_places_like_one_by_one_allocation(
 
 def _two_passes(r: SimResult, limit: int) -> tuple[int, int, BFCModel]:
     """Peaks of a warm-up and a measured step replayed explicitly, and the model after them."""
-    events = _device_events(r.trace)
     model = BFCModel(limit)
     for n in r.resident_sizes:
         model.allocate(n)
     peaks = []
     for _ in range(2):
         model.reset_peak()
-        model.replay(events, [0] * r.trace.n_tensors)
+        model.replay(r.trace.rows, [0] * r.trace.n_tensors)
         peaks.append(model.peak)
     return peaks[0], peaks[1], model
 
@@ -143,7 +150,7 @@ def test_replay_peak_is_the_measured_step_after_a_warm_up(
             explicit = BFCModel(limit, allow_growth=False)
             for n in r.resident_sizes:
                 explicit.allocate(n)
-            explicit.replay(_device_events(r.trace), [0] * r.trace.n_tensors)
+            explicit.replay(r.trace.rows, [0] * r.trace.n_tensors)
             measured = explicit.peak
     except OutOfMemory:
         with pytest.raises(OutOfMemory):
@@ -168,8 +175,25 @@ def test_a_region_cut_short_by_the_limit_changes_the_measured_step() -> None:
     assert replay_peak(r.trace, list(r.resident_sizes), BFCModel(7 << 20)) == 5 << 20
 
 
+def test_replay_places_swapped_in_copies_and_passes_over_host_events() -> None:
+    alloc, free, out = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.SWAP_OUT)
+    swap_in, host_free = int(EventKind.SWAP_IN), int(EventKind.HOST_FREE)
+    mib = 1 << 20
+    rows = [
+        (alloc, 0, 0, mib, mib, 0),
+        (out, 1, 0, mib, mib, mib),
+        (free, 1, 0, mib, 0, mib),
+        (swap_in, 2, 1, mib, mib, mib),
+        (host_free, 2, 0, mib, mib, 0),
+        (free, 3, 1, mib, 0, 0),
+    ]
+    bfc = BFCModel()
+    bfc.replay(rows, [0, 0])
+    assert (bfc.in_use, bfc.peak, bfc.free) == (0, mib, [(2 * mib, 0)])
+
+
 def test_out_of_memory_in_a_replay_keeps_the_state_before_it() -> None:
     bfc = BFCModel(4 << 20, allow_growth=False)
     with pytest.raises(OutOfMemory, match="8388608 B"):
-        bfc.replay([(0, (1 << 20) // 256), (1, (8 << 20) // 256)], [0, 0])  # units of 256 B
+        bfc.replay([(0, 0, 0, 1 << 20, 0, 0), (0, 1, 1, 8 << 20, 0, 0)], [0, 0])  # two ALLOCs
     assert (bfc.in_use, bfc.peak) == (1 << 20, 1 << 20)
