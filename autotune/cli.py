@@ -447,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted()
     except Exception as err:
-        if _caused_by_interrupt(err):
+        if INTERRUPTED.is_set() or _caused_by_interrupt(err):
+            # a Ctrl-C can land inside a database transaction: the driver's and Optuna's
+            # errors that follow need not carry the KeyboardInterrupt in their chain
             return _interrupted()
         if isinstance(err, UsageError):
             print(f"autotune: error: {err}", file=sys.stderr)

@@ -104,3 +104,29 @@ def test_an_error_raised_while_handling_ctrl_c_still_reads_as_an_interrupt() -> 
     except RuntimeError as err:
         assert _caused_by_interrupt(err)
     assert not _caused_by_interrupt(RuntimeError("database is locked"))
+
+
+def test_an_error_raised_after_ctrl_c_ends_as_the_interrupt(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C inside a study's database transaction surfaces as the driver's or Optuna's
+    error, whose chain need not hold the KeyboardInterrupt (seen: Optuna's "Should not
+    reach." after SQLite's "cannot start a transaction within a transaction")."""
+    import signal
+
+    from autotune import cli
+    from autotune.search import INTERRUPTED
+
+    def interrupted_in_a_transaction(_args: object) -> int:
+        INTERRUPTED.set()
+        raise AssertionError("Should not reach.")
+
+    monkeypatch.setattr(cli, "cmd_models", interrupted_in_a_transaction)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main(["models"]) == 130
+    finally:
+        INTERRUPTED.clear()
+        signal.signal(signal.SIGINT, handler)
+    err = capsys.readouterr().err
+    assert "resume" in err and "Traceback" not in err
