@@ -139,7 +139,7 @@ class BFCModel:
                     free_end[end] = start
                     insort(ordered, (end - start) << shift | start)
                 elif kind in placed:  # best fit: the smallest free chunk that holds it
-                    units = (nbytes + up) >> bits or 1
+                    units = (nbytes + up) >> bits or 1  # _units(nbytes), inlined
                     try:
                         key = ordered.pop(bisect_left(ordered, units << shift))
                     except IndexError:  # no free chunk fits: a new region
@@ -260,4 +260,4 @@ def _exhausted(model: BFCModel) -> bool:
 
 def _units(nbytes: int) -> int:
     """`nbytes` in units of the allocator's granularity, rounded up (at least one unit)."""
-    return max(1, -(-nbytes // _UNIT))
+    return (nbytes + _UNIT - 1) >> _UNIT_BITS or 1

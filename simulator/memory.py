@@ -53,7 +53,6 @@ class Program:
     #: per step, the outputs it places; one more, empty, for the end of the step
     steps: list[list[_Out]]
     last_use: list[int]
-    resident: list[bool]
     alloc_bytes: list[int]
     persistent_bytes: int
     levels: list[int]
@@ -151,14 +150,12 @@ def compile_program(
             last.append(p)
         steps.append(outs)
     steps.append([])  # the end of the step: its outputs are freed
-    persistent = sum(a for a, r in zip(alloc, resident) if r)
     levels = [order.level[o] for o in order.ops]
-    walked = [(p, last[out[0]]) for p, outs in enumerate(steps) for out in outs]
-    visits = sorted({p for pair in walked for p in pair}.union([len(order.ops)]))
+    placing = {p for p, outs in enumerate(steps) if outs}
+    freeing = {last[t] for outs in steps for t, _, _, _ in outs}
+    visits = sorted(placing | freeing | {len(order.ops)})
     held = tuple(a for a, r in zip(alloc, resident) if r and a)
-    return Program(
-        order, names, steps, last, resident, alloc, persistent, levels, visits, held, tid
-    )
+    return Program(order, names, steps, last, alloc, sum(held), levels, visits, held, tid)
 
 
 class _Walk:

@@ -42,7 +42,6 @@ class _Lowering:
         self.last = list(program.last_use)
         self.names = list(program.names)
         self.alloc = list(program.alloc_bytes)
-        self.resident = list(program.resident)
         self.host_out: dict[int, list[tuple[int, int]]] = {}
         self.host_free: dict[int, list[tuple[int, int]]] = {}
         self.swap_ins: dict[int, list[_Out]] = {}
@@ -97,7 +96,6 @@ class _Lowering:
         sid = len(self.names)
         self.names.append(f"{swap.tensor}@in{k}")
         self.alloc.append(self.alloc[t])
-        self.resident.append(False)
         self.last.append(max(pos[c] for c in consumers))
         self.swap_ins.setdefault(at, []).append((sid, self.alloc[t], -1, ()))
         for c in consumers:
@@ -116,7 +114,6 @@ class _Lowering:
             last_use=self.last,
             names=self.names,
             alloc_bytes=self.alloc,
-            resident=self.resident,
             host_out=self.host_out,
             host_free=self.host_free,
             swap_ins=self.swap_ins,
