@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import glob
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rewriter.capture import Captured
+from simulator.allocator import Request
 from simulator.graph import Graph
 
-__all__ = ["Profile", "profile_function", "record_profile"]
+__all__ = [
+    "AllocationHistory",
+    "Profile",
+    "profile_function",
+    "record_allocation_history",
+    "record_profile",
+]
+
+_STEP_MARK = "autotune:measured-step"
 
 
 @dataclass(frozen=True)
@@ -87,11 +97,7 @@ def _memory_readable(tf: Any, device: str) -> bool:
 
 def _op_events(path: str, ops: set[str]) -> list[tuple[int, str, float]]:
     """(start in ps, op name, seconds) of every kernel event on the host plane, in start order."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
+    space = _xspace(path)
     events = []
     for plane in space.planes:
         if not plane.name.startswith("/host:"):
@@ -105,3 +111,92 @@ def _op_events(path: str, ops: set[str]) -> list[tuple[int, str, float]]:
                     events.append((base + e.offset_ps, name, e.duration_ps * 1e-12))
     events.sort()
     return events
+
+
+@dataclass(frozen=True)
+class AllocationHistory:
+    """Every request the CPU's BFC allocator served since recording began, in order; the index
+    of the measured step's first one, and the allocator's own peak over that step."""
+
+    requests: tuple[Request, ...]
+    step_start: int
+    peak_bytes: int
+
+
+def record_allocation_history(build: Callable[[], tuple[Any, list[Any]]]) -> AllocationHistory:
+    """Profile `build()` (which returns a step and its inputs: it should make the model, so
+    that its variables' history is recorded), one warm-up step and one measured step, and
+    return the allocator's requests. Needs the CPU's BFC allocator (`prepare_measurement`)
+    and a process in which nothing was allocated before, for a history without gaps."""
+    import tensorflow as tf
+
+    from autotune.measure import MeasurementError
+
+    if not _memory_readable(tf, "CPU:0"):
+        raise MeasurementError(
+            "recording allocations needs TF_CPU_ALLOCATOR_USE_BFC=true set before TensorFlow "
+            "starts: call autotune.prepare_measurement() before importing tensorflow"
+        )
+    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
+    with tempfile.TemporaryDirectory(prefix="autotune-history-") as logdir:
+        tf.profiler.experimental.start(logdir, options=options)
+        try:
+            fn, inputs = build()
+            fn(*inputs)
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            with tf.profiler.experimental.Trace(_STEP_MARK):
+                fn(*inputs)
+            peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+        finally:
+            tf.profiler.experimental.stop()
+        paths = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+        if not paths:
+            raise RuntimeError("the TensorFlow profiler wrote no trace; cannot read allocations")
+        timed, step_at = _memory_events(paths[0])
+    timed.sort(key=lambda e: e[0])  # the allocator serves and records them under its lock
+    start = sum(1 for t, _ in timed if t < step_at)
+    return AllocationHistory(tuple(r for _, r in timed), start, peak)
+
+
+def _memory_events(path: str) -> tuple[list[tuple[int, Request]], int]:
+    """(time in ps, request) of every host allocation and release the CPU allocator recorded,
+    and the time the measured step began."""
+    space = _xspace(path)
+    events, step_at, allocators = [], -1, set()
+    for plane in space.planes:
+        meta, stats = plane.event_metadata, plane.stat_metadata
+        for line in plane.lines:
+            base = line.timestamp_ns * 1000
+            for e in line.events:
+                name = meta[e.metadata_id].name
+                if name == _STEP_MARK:
+                    step_at = base + e.offset_ps
+                elif name in ("MemoryAllocation", "MemoryDeallocation"):
+                    values = {stats[s.metadata_id].name: s for s in e.stats}
+                    allocators.add(_text(values["allocator_name"], stats))
+                    addr, nbytes = (_int(values[k]) for k in ("addr", "requested_bytes"))
+                    request = Request(name == "MemoryAllocation", addr, nbytes)
+                    events.append((base + e.offset_ps, request))
+    if step_at < 0:
+        raise RuntimeError("the profiler's trace lacks the measured step's mark")
+    if len(allocators) > 1:
+        raise RuntimeError(f"allocations of several allocators recorded: {sorted(allocators)}")
+    return events, step_at
+
+
+def _int(stat: Any) -> int:
+    return int(stat.int64_value or stat.uint64_value)
+
+
+def _text(stat: Any, stats: Any) -> str:
+    """A string stat's value, stored inline or as a reference to the plane's metadata."""
+    return str(stat.str_value or stats[stat.ref_value].name)
+
+
+def _xspace(path: str) -> Any:
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    return space

@@ -3,7 +3,14 @@
 Nothing in this package imports TensorFlow; `tests/simulator/test_no_tensorflow.py` proves it.
 """
 
-from simulator.allocator import BFCModel, OutOfMemory, replay_peak, with_allocator
+from simulator.allocator import (
+    BFCModel,
+    OutOfMemory,
+    Request,
+    replay_history,
+    replay_peak,
+    with_allocator,
+)
 from simulator.bounds import lower_bound_bytes
 from simulator.devices import PRESETS, DevicePreset, get_preset
 from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
@@ -41,6 +48,8 @@ __all__ = [
     "ALLOCATOR_GRANULARITY",
     "BFCModel",
     "OutOfMemory",
+    "Request",
+    "replay_history",
     "replay_peak",
     "with_allocator",
     "Event",

@@ -18,11 +18,12 @@ import dataclasses
 import functools
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from simulator.memory import SimResult, paused_gc
 from simulator.trace import DEVICE_ALLOCS, EventKind, Row, Trace
 
-__all__ = ["BFCModel", "OutOfMemory", "replay_peak", "with_allocator"]
+__all__ = ["BFCModel", "OutOfMemory", "Request", "replay_history", "replay_peak", "with_allocator"]
 
 _UNIT_BITS = 8
 _UNIT = 1 << _UNIT_BITS  # 256 B: BFC rounds every request up to it (kMinAllocationSize)
@@ -223,6 +224,36 @@ def replay_peak(
     """
     with paused_gc():
         return _replay_peak(trace, resident, model or BFCModel(), warmup)
+
+
+class Request(NamedTuple):
+    """One request a real allocator served: an allocation of `nbytes` (as asked, before
+    rounding) at `address`, or the release of the chunk at `address`."""
+
+    allocated: bool
+    address: int
+    nbytes: int = 0
+
+
+def replay_history(
+    requests: Iterable[Request], start: int = 0, model: BFCModel | None = None
+) -> int:
+    """Peak bytes in use from request `start` on, replaying what a real allocator served: each
+    allocation placed by the model, each release freeing the chunk placed for that address. A
+    whole process's history (say, from the profiler) checks the model against the allocator's
+    own peak, free of any assumption about which tensors a step holds and when."""
+    model = model or BFCModel()
+    placed: dict[int, int] = {}
+    for i, req in enumerate(requests):
+        if i == start:
+            model.reset_peak()
+        if req.allocated:
+            placed[req.address] = model.allocate(req.nbytes)
+        elif req.address in placed:
+            model.release(placed.pop(req.address))
+        else:
+            raise ValueError(f"request {i} releases {req.address:#x}, which was not allocated")
+    return model.peak
 
 
 def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:

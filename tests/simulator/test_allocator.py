@@ -7,8 +7,10 @@ from simulator import (
     EventKind,
     Graph,
     OutOfMemory,
+    Request,
     SimResult,
     TensorKind,
+    replay_history,
     replay_peak,
     simulate,
 )
@@ -197,3 +199,21 @@ def test_out_of_memory_in_a_replay_keeps_the_state_before_it() -> None:
     with pytest.raises(OutOfMemory, match="8388608 B"):
         bfc.replay([(0, 0, 0, 1 << 20, 0, 0), (0, 1, 1, 8 << 20, 0, 0)], [0, 0])  # two ALLOCs
     assert (bfc.in_use, bfc.peak) == (1 << 20, 1 << 20)
+
+
+def test_replaying_a_history_counts_the_peak_from_its_start_request() -> None:
+    # a real allocator's addresses are arbitrary; the model places each request itself
+    history = [
+        Request(True, 0x7F00, 3 << 20),  # before the measured part: a whole 4 MiB region
+        Request(False, 0x7F00),
+        Request(True, 0x9000, 1 << 20),  # measured from here
+        Request(True, 0x7F00, 1 << 20),
+        Request(False, 0x9000),
+    ]
+    assert replay_history(history) == 4 << 20  # the 3 MiB request holds the unsplit region
+    assert replay_history(history, start=2) == 2 << 20  # two 1 MiB chunks split off it
+
+
+def test_replaying_a_history_refuses_a_release_it_never_saw_allocated() -> None:
+    with pytest.raises(ValueError, match="request 1 releases 0xbeef"):
+        replay_history([Request(True, 0x10, 8), Request(False, 0xBEEF)])
