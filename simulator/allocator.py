@@ -236,12 +236,14 @@ class Request(NamedTuple):
 
 
 def replay_history(
-    requests: Iterable[Request], start: int = 0, model: BFCModel | None = None
+    requests: Sequence[Request], start: int = 0, model: BFCModel | None = None
 ) -> int:
     """Peak bytes in use from request `start` on, replaying what a real allocator served: each
     allocation placed by the model, each release freeing the chunk placed for that address. A
     whole process's history (say, from the profiler) checks the model against the allocator's
     own peak, free of any assumption about which tensors a step holds and when."""
+    if not 0 <= start < len(requests):
+        raise ValueError(f"start {start} is not one of the {len(requests)} requests")
     model = model or BFCModel()
     placed: dict[int, int] = {}
     for i, req in enumerate(requests):

@@ -217,3 +217,8 @@ def test_replaying_a_history_counts_the_peak_from_its_start_request() -> None:
 def test_replaying_a_history_refuses_a_release_it_never_saw_allocated() -> None:
     with pytest.raises(ValueError, match="request 1 releases 0xbeef"):
         replay_history([Request(True, 0x10, 8), Request(False, 0xBEEF)])
+
+
+def test_replaying_a_history_from_a_start_past_its_end_is_refused() -> None:
+    with pytest.raises(ValueError, match="start 1 is not one of the 1 requests"):
+        replay_history([Request(True, 0x10, 8)], start=1)
