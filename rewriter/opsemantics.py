@@ -129,10 +129,14 @@ def scratch_bytes(op_type: str, input_bytes: list[int], output_bytes: list[int])
     that into its output (tensorflow/core/kernels/linalg/einsum_op_impl.h); we count the
     operands and the product, an upper bound when an operand needs no transpose. MaxPoolGrad
     on oneDNN (TensorFlow's CPU build) recomputes the pooled output as a workspace: measured
-    here as one temporary of the pooled output's size.
+    here as one temporary of the pooled output's size. SparseSoftmaxCrossEntropyWithLogits
+    holds a temporary of the labels' shape in the logits' dtype (sparse_xent_op.cc), the size
+    of its loss output: a few bytes for a classifier, a float per voxel for a segmentation.
     """
     if op_type == "Einsum":
         return sum(input_bytes) + sum(output_bytes)
+    if op_type == "SparseSoftmaxCrossEntropyWithLogits" and output_bytes:
+        return output_bytes[0]
     if op_type in ("MaxPoolGrad", "MaxPool3DGrad") and len(input_bytes) > 1:
         return input_bytes[1]  # oneDNN reruns the forward pool for its workspace (seen on CPU)
     return 0

@@ -84,7 +84,7 @@ from autotune.zoo import get_entry
 model, batch, record = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "record"
 zm = get_entry(model).build(cube=None)
 cap = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=batch)
-ops = {n: [op.type, op.cpu_scratch] for n, op in cap.graph.ops.items()}
+ops = {n: [op.type, op.cpu_scratch, op.scratch] for n, op in cap.graph.ops.items()}
 temps = collections.defaultdict(list)
 if record:
     fn, inputs = cap.concrete_function, example_tensors(cap.specs)
@@ -129,27 +129,30 @@ _CONV_GRADS = ("Conv2DBackpropInput", "Conv2DBackpropFilter") + tuple(
 
 @pytest.mark.tf
 @pytest.mark.slow
-@pytest.mark.parametrize("model,batch", [("tiny-cnn", 32), ("tiny-unet3d", 8)])
+# The 3-D gradients size their buffer by the L3 cache and drop it when it would exceed 25 times
+# their tensors: at batch 8 the tiny U-Net keeps it with a 36 MiB L3 but not with a 260 MiB one
+# (CI's CPU); at batch 64 some keep it with either, so the kept buffer is checked on both.
+@pytest.mark.parametrize("model,batch", [("tiny-cnn", 32), ("tiny-unet3d", 64)])
 def test_without_onednn_each_kernel_buffer_is_what_the_allocator_recorded(
     model: str, batch: int
 ) -> None:
     r = _record(model, batch, "0", record=True)
     checked = 0
-    for name, (op_type, scratch) in r["ops"].items():
+    for name, (op_type, cpu_scratch, scratch) in r["ops"].items():
         temps = r["temps"].get(name, [])
         if op_type in _CONV_GRADS:
-            assert scratch == max(temps, default=0), (name, temps)
+            assert cpu_scratch == max(temps, default=0), (name, temps)
             checked += 1
         elif op_type == "MaxPoolGrad":
-            assert scratch == sum(temps), (name, temps)
-        else:
-            assert all(t < 1 << 20 for t in temps), (name, op_type, temps)  # none unmodelled
+            assert cpu_scratch == sum(temps), (name, temps)
+        else:  # any large buffer is one the model holds for every device
+            assert all(t < 1 << 20 or t == scratch for t in temps), (name, op_type, temps)
     assert checked >= 8
-    assert any(s for t, s in r["ops"].values() if t in _CONV_GRADS)
+    assert any(s for t, s, _ in r["ops"].values() if t in _CONV_GRADS)
 
 
 @pytest.mark.tf
 @pytest.mark.slow
 def test_with_onednn_no_op_has_a_cpu_specific_buffer() -> None:
     r = _record("tiny-cnn", 4, "1", record=False)
-    assert all(scratch is None for _, scratch in r["ops"].values())
+    assert all(cpu_scratch is None for _, cpu_scratch, _ in r["ops"].values())
