@@ -18,11 +18,13 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 # Known gap with oneDNN, kept visible: at batch 32 the tiny CNN holds the same tensors as we
 # predict, but TensorFlow's allocator gives some of them larger chunks (3.6 MiB for a 2 MiB
 # tensor); the recorded order under-predicted by 11-25 % (not seen without oneDNN: -3 %).
-# The cause, found by replaying the allocator's recorded requests (test_profile.py, exact): each
-# step moves the variables to new buffers (an assign adopts its value's buffer, an assign-add
-# copies a variable still read elsewhere) and frees the old ones, so the measured step starts
-# from free chunks the warm-up rearranged. The model keeps the variables where it first placed
-# them: from that start the recorded step peaks at 14.0 MiB, after one real step at 16.3 MiB.
+# Where it comes from, by replaying the allocator's recorded requests through the model (exact
+# over the whole history, test_profile.py): the recorded step alone, from the model's start
+# (variables placed first), peaks at 14.0 MiB as predicted; after the recorded first call
+# (instantiating the function, then a step: 1,510 requests) at 15.7 MiB; after the whole history
+# (building the model too) at 16.3 MiB, the real peak. What came before the step leaves free
+# chunks that BFC hands over unsplit. Moving the variables to new buffers, as each step's
+# assigns do, changed the predicted peak by 0 B in a replay that modelled it.
 _HISTORY_GAP = pytest.mark.xfail(
     strict=False, reason="with oneDNN: tiny-cnn batch 32 under-predicted by 11-25 %"
 )
