@@ -19,12 +19,12 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 # predict, but TensorFlow's allocator gives some of them larger chunks (3.6 MiB for a 2 MiB
 # tensor); the recorded order under-predicted by 11-25 % (not seen without oneDNN: -3 %).
 # Where it comes from, by replaying the allocator's recorded requests through the model (exact
-# over the whole history, test_profile.py): the recorded step alone, from the model's start
-# (variables placed first), peaks at 14.0 MiB as predicted; after the recorded first call
-# (instantiating the function, then a step: 1,510 requests) at 15.7 MiB; after the whole history
-# (building the model too) at 16.3 MiB, the real peak. What came before the step leaves free
-# chunks that BFC hands over unsplit. Moving the variables to new buffers, as each step's
-# assigns do, changed the predicted peak by 0 B in a replay that modelled it.
+# over the whole history, test_profile.py), from the model's start (what was held, placed
+# first): the recorded step alone peaks at 14.0 MiB, as predicted; the recorded first call (it
+# instantiates the function: 1,510 requests, the step's own ~90 among them), then the step,
+# at 16.3 MiB, the real peak. The first call leaves free chunks that BFC hands over unsplit.
+# Moving the variables to new buffers, as each step's assigns do, changed the predicted peak
+# by 0 B in a replay that modelled it.
 _HISTORY_GAP = pytest.mark.xfail(
     strict=False, reason="with oneDNN: tiny-cnn batch 32 under-predicted by 11-25 %"
 )
