@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 # Where it comes from, by replaying the allocator's recorded requests through the model (exact
 # over the whole history, test_profile.py), from the model's start (what was held, placed
 # first): the recorded step alone peaks at 14.0 MiB, as predicted; the recorded first call (it
-# instantiates the function: 1,510 requests, the step's own ~90 among them), then the step,
+# instantiates the function: 1,510 allocations, the step's own ~90 among them), then the step,
 # at 16.3 MiB, the real peak. The first call leaves free chunks that BFC hands over unsplit.
 # Moving the variables to new buffers, as each step's assigns do, changed the predicted peak
 # by 0 B in a replay that modelled it.
