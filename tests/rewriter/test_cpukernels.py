@@ -127,11 +127,11 @@ _CONV_GRADS = ("Conv2DBackpropInput", "Conv2DBackpropFilter") + tuple(
 )
 
 
-@pytest.mark.tf
-@pytest.mark.slow
 # The 3-D gradients size their buffer by the L3 cache and drop it when it would exceed 25 times
 # their tensors: at batch 8 the tiny U-Net keeps it with a 36 MiB L3 but not with a 260 MiB one
 # (CI's CPU); at batch 64 some keep it with either, so the kept buffer is checked on both.
+@pytest.mark.tf
+@pytest.mark.slow
 @pytest.mark.parametrize("model,batch", [("tiny-cnn", 32), ("tiny-unet3d", 64)])
 def test_without_onednn_each_kernel_buffer_is_what_the_allocator_recorded(
     model: str, batch: int
