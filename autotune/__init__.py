@@ -34,13 +34,17 @@ __all__ = [
 ]
 
 
-def measure(step: Any, *example_args: Any, repeats: int = 3, **options: Any) -> Measurement:
-    """Capture `step` (see `capture`) and measure its peak and resident bytes on the device."""
+def measure(
+    step: Any, *example_args: Any, repeats: int = 3, warmup: int = 1, **options: Any
+) -> Measurement:
+    """Capture `step` (see `capture`) and measure its peak and resident bytes on the device,
+    after `warmup` steps, as the median of `repeats` steps."""
     from autotune.measure import measure as _measure
 
     captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
     real = [a for a in example_args if not _is_spec(a)] if example_args else []
-    return _measure(captured, *(real if len(real) == len(captured.specs) else []), repeats=repeats)
+    args = real if len(real) == len(captured.specs) else []
+    return _measure(captured, *args, repeats=repeats, warmup=warmup)
 
 
 def _is_spec(arg: Any) -> bool:

@@ -145,14 +145,15 @@ def cmd_measure(args: argparse.Namespace) -> int:
     """Run a zoo model's training step on the device and measure its real peak memory."""
     from autotune.measure import measure
 
-    m = measure(_capture_zoo(args), repeats=args.repeats)
+    m = measure(_capture_zoo(args), repeats=args.repeats, warmup=args.warmup_steps)
     out = {"model": args.model, "batch_size": args.batch_size, **m.to_dict()}
     if args.json:
         print(json.dumps(out))
         return 0
     print(f"model        {args.model}, batch {args.batch_size}, on {m.device}")
     print(f"resident     {_sized(m.resident_bytes)}  (held before the step)")
-    print(f"peak         {_sized(m.peak_bytes)}  (median of {len(m.peaks)} steps)")
+    after = f"after {m.warmup_steps} warm-up step{'s' * (m.warmup_steps > 1)}"
+    print(f"peak         {_sized(m.peak_bytes)}  (median of {len(m.peaks)} steps, {after})")
     return 0
 
 
@@ -370,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
             _model_args(p)
         if name == "measure":
             p.add_argument("--repeats", type=_positive_int, default=3, help="measured steps")
+            p.add_argument(
+                "--warmup-steps",
+                type=_positive_int,
+                default=1,
+                help="steps run before measuring (default 1: a run's first steps; on the CPU, "
+                "about 120 measure a longer run, once cheap kernels run inline)",
+            )
         if name == "verify":
             add_plan_args(p)
             p.add_argument("--steps", type=_positive_int, default=3, help="measured steps")

@@ -2,7 +2,7 @@
 
 On a GPU the peak comes from `tf.config.experimental.get_memory_info('GPU:0')`. On the CPU it comes
 from the BFC allocator, which TensorFlow only uses when TF_CPU_ALLOCATOR_USE_BFC=true is set before
-it starts; peaks are taken with one inter-op thread, after a warm-up step, as the median of repeats.
+it starts; peaks are taken with one inter-op thread, after warm-up steps, as the median of repeats.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class Measurement:
     peak_bytes: int
     resident_bytes: int
     peaks: tuple[int, ...]
+    warmup_steps: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +37,7 @@ class Measurement:
             "peak_bytes": self.peak_bytes,
             "resident_bytes": self.resident_bytes,
             "peaks": list(self.peaks),
+            "warmup_steps": self.warmup_steps,
         }
 
 
@@ -89,15 +91,22 @@ def example_tensors(specs: tuple[Any, ...], seed: int = 0) -> list[Any]:
     return out
 
 
-def measure(captured: Captured, *args: Any, repeats: int = 3) -> Measurement:
-    """Measure the captured step: warm up once, then the median peak over `repeats` steps."""
+def measure(captured: Captured, *args: Any, repeats: int = 3, warmup: int = 1) -> Measurement:
+    """Measure the captured step: `warmup` steps first, then the median peak over `repeats`.
+
+    One warm-up step measures a run's first steps, as the simulator predicts them. On the CPU
+    TensorFlow's executor runs cheap kernels inline only after about 90 steps (see README), so
+    `warmup=120` measures the order, and the peak, of a longer run."""
     import tensorflow as tf
 
+    if warmup < 1 or repeats < 1:
+        raise ValueError(f"warmup={warmup} and repeats={repeats}: each must be at least 1")
     _check_setup(tf)
     device = current_device()
     fn = captured.concrete_function
     inputs = list(args) or example_tensors(captured.specs)
-    fn(*inputs)
+    for _ in range(warmup):
+        fn(*inputs)
     peaks, resident = [], []
     for _ in range(repeats):
         tf.config.experimental.reset_memory_stats(device)
@@ -105,6 +114,5 @@ def measure(captured: Captured, *args: Any, repeats: int = 3) -> Measurement:
         out = fn(*inputs)
         peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
         del out
-    return Measurement(
-        device, int(statistics.median(peaks)), int(statistics.median(resident)), tuple(peaks)
-    )
+    median = int(statistics.median(peaks))
+    return Measurement(device, median, int(statistics.median(resident)), tuple(peaks), warmup)

@@ -22,6 +22,10 @@ def test_models_lists_the_zoo() -> None:
         (["simulate", "--model", "tiny-cnn", "--batch-size", "0"], "positive integer"),
         (["simulate", "--model", "tiny-cnn", "--batch-size", "two"], "positive integer"),
         (["measure", "--model", "tiny-cnn"], "--batch-size"),
+        (
+            ["measure", "--model", "tiny-cnn", "--batch-size", "2", "--warmup-steps", "0"],
+            "positive integer",
+        ),
         (["simulate", "--model", "tiny-cnn", "--batch-size", "2", "--cube", "8"], "no cube"),
         (["frobnicate"], "invalid choice"),
     ],
