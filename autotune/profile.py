@@ -75,10 +75,7 @@ def profile_function(fn: Any, inputs: list[Any], names: set[str]) -> Profile:
         finally:
             tf.profiler.experimental.stop()
         peak = int(tf.config.experimental.get_memory_info(device)["peak"]) if memory else None
-        paths = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
-        if not paths:
-            raise RuntimeError("the TensorFlow profiler wrote no trace; cannot record the order")
-        events = _op_events(paths[0], names)
+        events = _op_events(_trace_file(logdir, "record the order"), names)
     order = tuple(dict.fromkeys(name for _, name, _ in events))
     seconds: dict[str, float] = {}
     for _, name, dur in events:
@@ -93,6 +90,14 @@ def _memory_readable(tf: Any, device: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _trace_file(logdir: str, purpose: str) -> str:
+    """The trace the profiler wrote into `logdir`; an error naming `purpose` if it wrote none."""
+    paths = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+    if not paths:
+        raise RuntimeError(f"the TensorFlow profiler wrote no trace; cannot {purpose}")
+    return paths[0]
 
 
 def _op_events(path: str, ops: set[str]) -> list[tuple[int, str, float]]:
@@ -149,10 +154,7 @@ def record_allocation_history(build: Callable[[], tuple[Any, list[Any]]]) -> All
             peak = int(tf.config.experimental.get_memory_info("CPU:0")["peak"])
         finally:
             tf.profiler.experimental.stop()
-        paths = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
-        if not paths:
-            raise RuntimeError("the TensorFlow profiler wrote no trace; cannot read allocations")
-        timed, step_at = _memory_events(paths[0])
+        timed, step_at = _memory_events(_trace_file(logdir, "read allocations"))
     timed.sort(key=lambda e: e[0])  # the allocator serves and records them under its lock
     start = sum(1 for t, _ in timed if t < step_at)
     return AllocationHistory(tuple(r for _, r in timed), start, peak)
