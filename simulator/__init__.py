@@ -21,7 +21,13 @@ from simulator.memory import (
     compile_program,
     simulate_memory,
 )
-from simulator.order import Order, categorized_order, executor_order, scheduled_order
+from simulator.order import (
+    Order,
+    categorized_order,
+    executor_order,
+    executor_orders,
+    scheduled_order,
+)
 from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
 from simulator.run import PlanResult, simulate_plan
 from simulator.swap import apply_plan
@@ -65,6 +71,7 @@ __all__ = [
     "Trace",
     "categorized_order",
     "executor_order",
+    "executor_orders",
     "scheduled_order",
     "compile_program",
     "simulate",

@@ -8,13 +8,21 @@ deterministic. The distance between two ops is the difference of their levels.
 from __future__ import annotations
 
 import heapq
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from simulator.graph import Graph, GraphError
 
-__all__ = ["Order", "categorized_order", "executor_order", "scheduled_order"]
+__all__ = [
+    "EDGE_ARRAY",
+    "Order",
+    "categorized_order",
+    "executor_order",
+    "executor_orders",
+    "scheduled_order",
+]
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,8 @@ def scheduled_order(graph: Graph, priority: dict[str, float], base: Order | None
 
 
 def executor_order(graph: Graph, inline: Callable[[str], bool], base: Order | None = None) -> Order:
-    """The order TensorFlow's executor runs `graph` in with one inter-op thread.
+    """The order TensorFlow's executor runs `graph` in with one inter-op thread, its ops and
+    out-edges in the graph's own order (see `executor_orders` for the orders a process takes).
 
     The executor runs a ready op at once and, when it finishes, looks at the ops it made ready
     (its consumers, in edge order). Those whose kernel is inexpensive (`inline(op)`: constants,
@@ -115,9 +124,124 @@ def executor_order(graph: Graph, inline: Callable[[str], bool], base: Order | No
     executor defers, for instance, every filter gradient of a CNN to the end of the backward
     pass, holding the activations they read. Levels stay those of the categorized order.
     """
+    succ = {name: graph.successors(name) for name in graph.ops}
+    return _executor_run(graph, list(graph.ops), succ, inline, base)
+
+
+def executor_orders(
+    graph: Graph,
+    inline: Callable[[str], bool],
+    rewritten: Callable[[str], bool],
+    samples: int,
+    seed: int = 0,
+) -> list[Order]:
+    """Orders TensorFlow's executor takes for `graph` in different processes, `samples` of them
+    drawn with `seed` (reproducible).
+
+    The executor sees the ops and their out-edges in the order of the graph it was built from,
+    and that order is not the same in every process:
+
+    - A graph pass that re-creates ops (oneDNN's renames every op of `rewritten`) makes them in
+      the reverse post-order of a depth-first search from the graph's source. The search takes
+      an op's out-edges in their order, except where TensorFlow keeps them in a hash set (the
+      source's, and those of ops with more than `EDGE_ARRAY` out-edges), iterated in an order
+      of pointers that differs between processes. Re-created ops come after all others.
+    - The executor's graph is imported from that list (`_imported`): each op's out-edges come
+      in the order its consumers were created, so of two expensive consumers of a tensor the
+      one re-created later runs first. The order of the step's roots differed between
+      processes too (measured); it is drawn here at random.
+    """
+    rng = random.Random(seed)
+    succ = {name: graph.successors(name) for name in graph.ops}
+    first = _imported(graph, list(graph.ops), succ)
+    sources = [n for n in first if not graph.predecessors(n)]
+    fanout = {n: _out_edges(graph, n) > EDGE_ARRAY for n in graph.ops}
+    base = categorized_order(graph)
+    orders = []
+    for _ in range(samples):
+        post = _reverse_post_order(sources, succ, fanout, rng)
+        created = [n for n in post if rewritten(n)]
+        made = set(created)
+        listed = [n for n in first if n not in made] + created
+        roots = [n for n in listed if not graph.predecessors(n)]
+        rng.shuffle(roots)
+        ids = _imported(graph, roots + [n for n in listed if graph.predecessors(n)], succ)
+        position = {n: i for i, n in enumerate(ids)}
+        edges = {n: sorted(s, key=position.__getitem__) for n, s in succ.items()}
+        orders.append(_executor_run(graph, ids, edges, inline, base))
+    return orders
+
+
+#: out-edges TensorFlow keeps in an array, in the order they were added; an op with more keeps
+#: them in a hash set (tensorflow/core/graph/edgeset.h)
+EDGE_ARRAY = 8
+
+
+def _out_edges(graph: Graph, name: str) -> int:
+    """Out-edges of op `name` as TensorFlow counts them: one per consuming input and control
+    edge."""
+    op = graph.ops[name]
+    data = sum(len(graph.tensors[t].consumers) for t in op.outputs)
+    return data + len(graph.control_consumers.get(name, []))
+
+
+def _imported(graph: Graph, listed: list[str], succ: dict[str, list[str]]) -> list[str]:
+    """The order in which TensorFlow's GraphConstructor creates the ops of a graph listed in
+    `listed` order: topologically, the ready op listed first each time."""
+    rank = {name: i for i, name in enumerate(listed)}
+    waiting = {name: len(graph.predecessors(name)) for name in listed}
+    ready = [(rank[n], n) for n in listed if waiting[n] == 0]
+    heapq.heapify(ready)
+    made: list[str] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        made.append(name)
+        for s in succ[name]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, (rank[s], s))
+    _positions(made, waiting)
+    return made
+
+
+def _reverse_post_order(
+    roots: list[str], succ: dict[str, list[str]], fanout: dict[str, bool], rng: random.Random
+) -> list[str]:
+    """TensorFlow's `GetReversePostOrder`: a depth-first search from the source (an edge to each
+    of the `roots`) that stacks an op's successors in edge order and takes the last stacked
+    first; the source's edges and those of `fanout` ops come in a random order."""
+    stack: list[tuple[str, bool]] = [(n, False) for n in rng.sample(roots, len(roots))]
+    seen: set[str] = set()
+    post: list[str] = []
+    while stack:
+        name, done = stack.pop()
+        if done:
+            post.append(name)
+            continue
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.append((name, True))
+        nxt = succ[name]
+        if fanout[name]:
+            nxt = rng.sample(nxt, len(nxt))
+        stack.extend((s, False) for s in nxt if s not in seen)
+    post.reverse()
+    return post
+
+
+def _executor_run(
+    graph: Graph,
+    ids: list[str],
+    succ: dict[str, list[str]],
+    inline: Callable[[str], bool],
+    base: Order | None,
+) -> Order:
+    """Emulate the executor (see `executor_order`) on ops created in `ids` order, each op's
+    out-edges in `succ` order."""
     base = base or categorized_order(graph)
-    pending = {name: len(graph.predecessors(name)) for name in graph.ops}
-    pool = deque(name for name, n in pending.items() if n == 0)
+    pending = {name: len(graph.predecessors(name)) for name in ids}
+    pool = deque(name for name in ids if pending[name] == 0)
     schedule: list[str] = []
     while pool:
         run = deque([pool.popleft()])
@@ -125,7 +249,7 @@ def executor_order(graph: Graph, inline: Callable[[str], bool], base: Order | No
             name = run.popleft()
             schedule.append(name)
             expensive: str | None = None
-            for s in graph.successors(name):
+            for s in succ[name]:
                 pending[s] -= 1
                 if pending[s]:
                     continue
