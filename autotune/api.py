@@ -18,6 +18,7 @@ from simulator import (
     SwapPlan,
     Trace,
     executor_order,
+    executor_orders,
     get_preset,
     scheduled_order,
 )
@@ -46,6 +47,7 @@ class Simulation:
     device: str | None = None
     profiled_peak_bytes: int | None = None
     cpu_kernels: dict[str, Any] | None = None  # the CPU kernels modelled (no device preset)
+    order_peaks: tuple[int, ...] = ()  # each sampled executor order's peak, smallest first
 
     @property
     def result(self) -> SimResult:
@@ -118,6 +120,7 @@ class Simulation:
             "device": self.device,
             "profiled_peak_bytes": self.profiled_peak_bytes,
             "cpu_kernels": self.cpu_kernels,
+            "order_peaks": list(self.order_peaks),
         }
 
 
@@ -144,6 +147,9 @@ def capture(
 
 
 SCHEDULES = ("auto", "categorized", "executor", "recorded")
+#: Executor orders `simulate` draws for the CPU (TensorFlow's differs between processes); the
+#: prediction is the one whose peak is their median. Odd, so that the median is one of them.
+ORDER_SAMPLES = 15
 #: How many of the largest tensors live at the peak `simulate --json` lists.
 PEAK_TENSORS = 10
 COSTS = ("analytical", "measured")
@@ -164,7 +170,10 @@ def simulate(
     `schedule="categorized"` walks the paper's categorized order and needs no device;
     `schedule="executor"` walks the graph TensorFlow runs (after Grappler and, on a oneDNN
     CPU, after oneDNN's graph pass) in the order its executor takes with one inter-op thread,
-    emulated without running the step (the real peak of the step as it is, see results/);
+    emulated without running the step (the real peak of the step as it is, see results/). On
+    the CPU that order differs between processes (`simulator.executor_orders`): the result is
+    the one of `ORDER_SAMPLES` drawn orders whose peak is their median, and `order_peaks`
+    holds the peak of each;
     `schedule="recorded"` first runs the step once on the current device under the profiler
     and walks the order TensorFlow executed. Plans are simulated in the categorized order only,
     the order their rewritten step is pinned to; the default, "auto", is the executor's order
@@ -203,12 +212,17 @@ def simulate_captured(
         from autotune.profile import record_profile
 
         profile = record_profile(captured, graph=graph)
-    order = _schedule_order(schedule, graph, device_name, profile)
-    engine = build_engine(captured, preset, costs, order, profile, graph)
-    start = time.perf_counter()
-    evaluation = engine.evaluate(params or PlanParams(n_tensors=0))
-    seconds = time.perf_counter() - start
+    orders = _schedule_orders(schedule, graph, device_name, profile, kernels)
+    runs, seconds = [], 0.0
+    for order in orders:
+        engine = build_engine(captured, preset, costs, order, profile, graph)
+        start = time.perf_counter()
+        runs.append((engine, engine.evaluate(params or PlanParams(n_tensors=0))))
+        seconds += time.perf_counter() - start
+    runs.sort(key=lambda run: run[1].result.memory.peak_bytes)
+    engine, evaluation = runs[len(runs) // 2]
     baseline = evaluation if params is None else engine.evaluate(PlanParams(n_tensors=0))
+    sampled = len(runs) > 1
     return Simulation(
         graph,
         evaluation,
@@ -220,6 +234,7 @@ def simulate_captured(
         preset.name if preset else None,
         profile.peak_bytes if profile and schedule == "recorded" else None,
         asdict(kernels) if kernels else None,
+        tuple(e.result.memory.peak_bytes for _, e in runs) if sampled else (),
     )
 
 
@@ -259,18 +274,33 @@ def _simulated_graph(
     return graph
 
 
-def _schedule_order(
-    schedule: str, graph: Graph, device: str, profile: Profile | None
-) -> Order | None:
-    """The order of `schedule` on `graph` (None: the categorized order, the engine's own)."""
+def _schedule_orders(
+    schedule: str,
+    graph: Graph,
+    device: str,
+    profile: Profile | None,
+    kernels: CpuKernels | None,
+) -> list[Order | None]:
+    """The orders of `schedule` on `graph` (None: the categorized order, the engine's own): on
+    the CPU, `ORDER_SAMPLES` of the executor's (see `simulate`), else one."""
     if schedule == "recorded" and profile is not None:
-        return scheduled_order(graph, profile.priorities())
-    if schedule == "executor":
-        from rewriter.opsemantics import inline_kernel
+        return [scheduled_order(graph, profile.priorities())]
+    if schedule != "executor":
+        return [None]
+    from rewriter.onednn import REWRITTEN_TYPES
+    from rewriter.opsemantics import inline_kernel
 
-        gpu = device == "GPU:0"  # the executor counts every GPU kernel as inexpensive
-        return executor_order(graph, lambda name: gpu or inline_kernel(graph.ops[name].type))
-    return None
+    if device == "GPU:0":  # the executor counts every GPU kernel as inexpensive
+        return [executor_order(graph, lambda name: True)]
+    rewritten = REWRITTEN_TYPES if kernels is not None and kernels.onednn else frozenset()
+    return list(
+        executor_orders(
+            graph,
+            lambda name: inline_kernel(graph.ops[name].type),
+            lambda name: graph.ops[name].type in rewritten,
+            ORDER_SAMPLES,
+        )
+    )
 
 
 def build_engine(

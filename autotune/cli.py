@@ -19,6 +19,7 @@ from autotune.cli_options import (
     size_arg,
 )
 from autotune.search import INTERRUPTED
+from autotune.units import format_bytes
 from autotune.units import format_sized as _sized
 
 __all__ = ["main"]
@@ -116,6 +117,9 @@ def _print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     print(f"ops          {len(sim.graph.ops)} in {r.order.n_levels} levels")
     print(f"persistent   {_sized(r.persistent_bytes)}  (weights, optimizer slots, input batch)")
     print(f"peak         {_sized(r.peak_bytes)}  (BFC allocator model)")
+    if sim.order_peaks:
+        low, high = format_bytes(sim.order_peaks[0]), format_bytes(sim.order_peaks[-1])
+        print(f"  orders     median of {len(sim.order_peaks)} executor orders: {low} to {high}")
     if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0:
         print(f"  no swap    {_sized(sim.baseline.peak_bytes)}")
         print(f"  swapped    {sim.swapped_tensors} tensors, {_sized(sim.plan.swapped_bytes)}")

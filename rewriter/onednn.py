@@ -26,7 +26,33 @@ from __future__ import annotations
 
 from simulator import Graph
 
-__all__ = ["onednn_graph"]
+__all__ = ["REWRITTEN_TYPES", "onednn_graph"]
+
+#: Op types the pass re-creates as oneDNN kernels (`_MklNative...`, `_Mkl...`), as read from
+#: the graphs TensorFlow 2.21 ran for the zoo's steps (run metadata's partition graphs). The
+#: pass makes them in the order of a depth-first search that differs between processes, and
+#: the executor's order follows (see `simulator.executor_orders`).
+REWRITTEN_TYPES = frozenset(
+    {
+        "Conv2D",
+        "Conv3D",
+        "_FusedConv2D",
+        "_FusedConv3D",
+        "Conv2DBackpropFilter",
+        "Conv2DBackpropInput",
+        "Conv3DBackpropFilterV2",
+        "Conv3DBackpropInputV2",
+        "MatMul",
+        "_FusedMatMul",
+        "BatchMatMulV2",
+        "Einsum",
+        "Softmax",
+        "MaxPool",
+        "MaxPoolGrad",
+        "MaxPool3D",
+        "MaxPool3DGrad",
+    }
+)
 
 #: edges an out-edge set holds in its array (64 bytes of pointers) before it becomes a hash set
 _INLINE_EDGES = 8
