@@ -78,14 +78,24 @@ def _check_setup(tf: Any) -> None:
 
 
 def example_tensors(specs: tuple[Any, ...], seed: int = 0) -> list[Any]:
-    """Real tensors for specs: normal floats, zero integers (valid labels and token ids)."""
+    """Real tensors for specs: normal floats, zero integers (valid labels and token ids).
+
+    Making each allocates just its own buffer, by one kernel (TensorFlow's stateless normal,
+    without the scale and shift `tf.random.normal` adds: each of those held another buffer of
+    the input's size, and on the CPU the three grew the allocator by a region the input then
+    sat at the start of; tiny-cnn batch 32 measured 16.07 MiB instead of 14.00)."""
     import tensorflow as tf
 
-    gen = tf.random.Generator.from_seed(seed)
+    key = tf.constant([seed], tf.uint64)
     out = []
-    for spec in specs:
+    for i, spec in enumerate(specs):
         if spec.dtype.is_floating:
-            out.append(gen.normal(spec.shape, dtype=spec.dtype))
+            counter = tf.constant([i, 0], tf.uint64)
+            out.append(
+                tf.raw_ops.StatelessRandomNormalV2(
+                    shape=spec.shape, key=key, counter=counter, alg=1, dtype=spec.dtype
+                )
+            )
         else:
             out.append(tf.zeros(spec.shape, dtype=spec.dtype))
     return out
