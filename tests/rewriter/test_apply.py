@@ -40,15 +40,33 @@ def _twins(model: str, params: PlanParams, mode: str = "emulated", pin: bool = F
     return (a, cap_a), (b, cap_b), apply_plan(cap_b, plan, mode=mode, pin_order=pin)
 
 
-def _assert_same_step(model: str, params: PlanParams) -> None:
-    (a, cap_a), (b, _), tuned = _twins(model, params)
+_POOLINGS = ("MaxPool", "MaxPool3D")
+
+
+def _exact(params: PlanParams) -> PlanParams:
+    """`params`, on a oneDNN CPU without swapping a max pooling's output: swapped, its gradient
+    reads the swap-in instead of the pooling, so oneDNN's pass gives the pooling no workspace
+    and the gradient takes another kernel path, whose sums round differently (see
+    `test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only`)."""
+    from rewriter.cpukernels import cpu_kernels
+
+    if not cpu_kernels().onednn:
+        return params
+    return dataclasses.replace(params, exclude_types=(*params.exclude_types, *_POOLINGS))
+
+
+def _assert_same_step(model: str, params: PlanParams, exact: bool = True) -> None:
+    (a, cap_a), (b, _), tuned = _twins(model, _exact(params) if exact else params)
     inputs = example_tensors(cap_a.specs, seed=7)
     loss_a, loss_b = cap_a.concrete_function(*inputs), tuned(*inputs)
     assert np.array_equal(loss_a.numpy(), loss_b.numpy())
     state_a = [*a.model.weights, *a.optimizer.variables]
     state_b = [*b.model.weights, *b.optimizer.variables]
     for va, vb in zip(state_a, state_b, strict=True):
-        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+        if exact:
+            assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+        else:
+            np.testing.assert_allclose(np.asarray(vb), np.asarray(va), rtol=1e-5, atol=1e-7)
     fresh = get_entry(model).build(seed=3).model.weights[0]
     assert not np.array_equal(np.asarray(a.model.weights[0]), np.asarray(fresh))
     assert tuned.plan.swaps or params.n_tensors == 0
@@ -68,6 +86,16 @@ def _assert_same_step(model: str, params: PlanParams) -> None:
 )
 def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanParams) -> None:
     _assert_same_step(model, params)
+
+
+def test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only() -> None:
+    # measured: swapping tiny-unet3d's two 3-D poolings changed its first level's weights and
+    # momenta by up to 2e-7 after one step (bitwise equal without them)
+    from rewriter.cpukernels import cpu_kernels
+
+    if not cpu_kernels().onednn:
+        pytest.skip("a CPU without oneDNN keeps max pooling gradients on one kernel path")
+    _assert_same_step("tiny-unet3d", PlanParams(include_types=("MaxPool3D",)), exact=False)
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
