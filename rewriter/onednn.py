@@ -1,10 +1,10 @@
 """The step as TensorFlow's oneDNN graph pass hands it to the executor.
 
-With oneDNN, `MklLayoutRewritePass` runs after Grappler. Besides renaming kernels (which keeps
-every edge where it was), it merges each float `Conv2DBackpropFilter(x, sizes, g)` with the
+With oneDNN, `MklLayoutRewritePass` runs after Grappler. Besides renaming kernels (re-creating
+each op, see below), it merges each float `Conv2DBackpropFilter(x, sizes, g)` with the
 `BiasAddGrad(g)` of the same gradient into one kernel named after the filter gradient, whose
 outputs are the filter and the bias gradients. The merge re-adds edges, and that changes the
-order in which the executor sees the successors of the op that made `g`:
+order in which the pass sees the successors of the op that made `g`:
 
 - the merged op's input edges are appended to the out-edges of its inputs' producers;
 - its out-edges are those of the bias gradient, then those of the filter gradient;
@@ -12,10 +12,12 @@ order in which the executor sees the successors of the op that made `g`:
 
 An out-edge set of up to eight edges is an array (`tensorflow/core/graph/edgeset.h`): an edge
 is appended, and an erased edge's slot takes the last edge. So a gradient read in the order
-(filter, bias, input gradient) is read as (input gradient, merged) afterwards: the executor keeps
-the merged op, the last expensive one, on its thread and defers the input gradient, the reverse
-of what it does without oneDNN. Larger sets are hash sets, whose order is not known before the
-step runs; an erased edge then just leaves.
+(filter, bias, input gradient) is read as (input gradient, merged) afterwards. Larger sets are
+hash sets, whose order is not known before the step runs; an erased edge then just leaves.
+These edits order the depth-first search in which the pass then re-creates every op it gives
+a oneDNN kernel (`REWRITTEN_TYPES`); the executor sees the ops, and their out-edges, in the
+order of that re-creation (`simulator.executor_orders` draws it, as it differs between
+processes).
 
 The pass also gives each max pooling whose gradient reads its output a second output, a
 workspace of one byte per pooled element, which the gradient reads instead of recomputing the

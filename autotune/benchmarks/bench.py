@@ -126,8 +126,9 @@ def _accuracy_section(d: Any) -> list[str]:
     lines = [
         "## Simulator accuracy (measured): `simulator_accuracy.md`",
         "",
-        "Predicted peak (the graph TensorFlow runs, in its executor's order emulated without "
-        "a run, allocator model, this CPU's kernels) against the peak the CPU BFC allocator "
+        "Predicted peak (the graph TensorFlow runs, in its executor's orders emulated without "
+        "a run: the median of orders drawn as TensorFlow's differ between processes; "
+        "allocator model, this CPU's kernels) against the peak the CPU BFC allocator "
         "measured over one step (median of fresh processes); the same for the paper's "
         "categorized order, the order plans are pinned to; the order recorded from one "
         "profiled step against the peak of that same step; Grappler's static estimate beside.",

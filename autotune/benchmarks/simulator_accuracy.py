@@ -67,6 +67,7 @@ class Row(_Errors):
     simulate_seconds: float
     recorded: int
     recorded_measured: int
+    orders: tuple[int, int] = (0, 0)  # the smallest and largest peak of the drawn orders
 
     @property
     def recorded_error(self) -> float:
@@ -123,6 +124,7 @@ def _case(model: str, batch: int, cube: int | None, processes: int) -> Row:
         sim.simulate_seconds,
         int(rec["peak_bytes"]),
         int(rec["profiled_peak_bytes"]),
+        (sim.order_peaks[0], sim.order_peaks[-1]) if sim.order_peaks else (0, 0),
     )
 
 
@@ -210,16 +212,20 @@ def _speed(repeats: int) -> dict[str, float]:
 
 def _table(rows: list[Row]) -> list[str]:
     lines = [
-        "| model | batch | measured (median) | predicted, executor order | error "
-        "| predicted, categorized order | error "
+        "| model | batch | measured (median; each process) | predicted, executor orders "
+        "(range of the drawn orders) | error | predicted, categorized order | error "
         "| recorded order: predicted / measured in that step | error "
         "| Grappler estimate | Grappler error |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         name = f"{r.model} (cube {r.cube})" if r.cube else r.model
+        each = ", ".join(format_bytes(p) for p in r.measured_all)
+        low, high = (format_bytes(b) for b in r.orders)
+        drawn = f" ({low} to {high})" if r.orders[1] else ""
         lines.append(
-            f"| {name} | {r.batch} | {format_bytes(r.measured)} | {format_bytes(r.predicted)} | "
+            f"| {name} | {r.batch} | {format_bytes(r.measured)} ({each}) | "
+            f"{format_bytes(r.predicted)}{drawn} | "
             f"**{r.error:+.1%}** | {format_bytes(r.categorized)} | {r.categorized_error:+.1%} | "
             f"{format_bytes(r.recorded)} / {format_bytes(r.recorded_measured)} | "
             f"{r.recorded_error:+.1%} | {format_bytes(r.grappler)} | {r.grappler_error:+.1%} |"
@@ -257,7 +263,8 @@ def _speed_lines(s: dict[str, float]) -> list[str]:
         f"is {s['grappler'] / s['walk']:.0f}x faster. Lowering is done once per graph, and so "
         "is the placement of the variables in the allocator. The step is replayed once: the "
         "measured step after a warm-up places every tensor as the warm-up did, unless the "
-        "regions the warm-up added fill the memory limit (then it is replayed twice).",
+        "regions the warm-up added fill the memory limit (then it is replayed twice); "
+        "TensorFlow's steps also move some variables to new buffers, which is not modelled.",
     ]
 
 
@@ -274,11 +281,14 @@ def write_report(
         "",
         _kernels_line(),
         "",
-        "*Predicted, executor order*: `autotune simulate` — the memory walk of the graph "
+        "*Predicted, executor orders*: `autotune simulate` — the memory walk of the graph "
         "TensorFlow runs (after Grappler's rewrites and fusions) in the order its executor "
         "takes with one inter-op thread, emulated without running the step, replayed through a "
         "model of TensorFlow's BFC allocator (after a warm-up step), with the temporary buffers "
-        "of this CPU's kernels. *Categorized order*: the same walk of the captured graph in the "
+        "of this CPU's kernels. That order differs between processes (with oneDNN, its graph "
+        "pass re-creates ops in an order drawn from pointer hashes), so `simulate` draws "
+        "orders as TensorFlow does and predicts the median of their peaks; their range is in "
+        "brackets. *Categorized order*: the same walk of the captured graph in the "
         "paper's order (`--schedule categorized`, the order plans are simulated and pinned in). "
         "*Measured*: `autotune measure` "
         "— the CPU BFC allocator's peak over one training step after a warm-up, one inter-op "
