@@ -24,14 +24,14 @@ FULL = [
     ("resnet50", 8, None),
     ("resnet50", 16, None),
     ("unet3d", 1, 32),
-    ("tiny-cnn", 32, None),
+    ("tiny-cnn", 48, None),
     ("tiny-cnn", 128, None),
     ("tiny-unet3d", 2, 16),
     ("tiny-unet3d", 8, 16),
     ("tiny-transformer", 16, None),
     ("tiny-transformer", 64, None),
 ]
-QUICK = [("tiny-cnn", 32, None), ("tiny-unet3d", 8, 16), ("tiny-transformer", 16, None)]
+QUICK = [("tiny-cnn", 48, None), ("tiny-unet3d", 8, 16), ("tiny-transformer", 16, None)]
 #: cases run again with the CPU kernels this machine does not use by default (oneDNN on or off)
 OTHER_KERNELS = [("resnet50", 8, None), *FULL[3:]]
 

@@ -15,11 +15,16 @@ from tests.autotune.cli_helpers import cli_json
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
+# The tiny CNN runs at batch 48, not 32: at 32 its step needs 14.00 MiB, all but 3 KiB of the
+# 14 MiB the CPU allocator's first three regions hold (2, 4 and 8 MiB), so whether a fourth
+# region is needed, and the measured peak (13.98 to 14.51 or 16.18 to 16.26 MiB), depends on
+# where earlier steps left the variables' buffers. At 48 the step needs 22.9 of 30 MiB.
+
 
 @pytest.mark.parametrize(
     "model,batch",
     [
-        ("tiny-cnn", 32),
+        ("tiny-cnn", 48),
         ("tiny-cnn", 128),
         ("tiny-unet3d", 2),
         ("tiny-unet3d", 8),
@@ -41,7 +46,7 @@ def test_recorded_order_predicts_the_same_step_within_10_percent(model: str, bat
 
 
 SMALL = [
-    ("tiny-cnn", 32),
+    ("tiny-cnn", 48),
     ("tiny-cnn", 128),
     ("tiny-unet3d", 2),
     ("tiny-unet3d", 8),
