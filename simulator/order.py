@@ -125,7 +125,7 @@ def executor_order(graph: Graph, inline: Callable[[str], bool], base: Order | No
     pass, holding the activations they read. Levels stay those of the categorized order.
     """
     succ = {name: graph.successors(name) for name in graph.ops}
-    return _executor_run(graph, list(graph.ops), succ, inline, base)
+    return _executor_run(graph, list(graph.ops), succ, _waiting(graph), inline, base)
 
 
 def executor_orders(
@@ -153,8 +153,9 @@ def executor_orders(
     """
     rng = random.Random(seed)
     succ = {name: graph.successors(name) for name in graph.ops}
-    first = _imported(graph, list(graph.ops), succ)
-    sources = [n for n in first if not graph.predecessors(n)]
+    waiting = _waiting(graph)
+    first = _imported(list(graph.ops), succ, waiting)
+    sources = [n for n in first if not waiting[n]]
     fanout = {n: _out_edges(graph, n) > EDGE_ARRAY for n in graph.ops}
     base = categorized_order(graph)
     orders = []
@@ -163,12 +164,12 @@ def executor_orders(
         created = [n for n in post if rewritten(n)]
         made = set(created)
         listed = [n for n in first if n not in made] + created
-        roots = [n for n in listed if not graph.predecessors(n)]
+        roots = [n for n in listed if not waiting[n]]
         rng.shuffle(roots)
-        ids = _imported(graph, roots + [n for n in listed if graph.predecessors(n)], succ)
+        ids = _imported(roots + [n for n in listed if waiting[n]], succ, waiting)
         position = {n: i for i, n in enumerate(ids)}
         edges = {n: sorted(s, key=position.__getitem__) for n, s in succ.items()}
-        orders.append(_executor_run(graph, ids, edges, inline, base))
+        orders.append(_executor_run(graph, ids, edges, waiting, inline, base))
     return orders
 
 
@@ -185,11 +186,17 @@ def _out_edges(graph: Graph, name: str) -> int:
     return data + len(graph.control_consumers.get(name, []))
 
 
-def _imported(graph: Graph, listed: list[str], succ: dict[str, list[str]]) -> list[str]:
+def _waiting(graph: Graph) -> dict[str, int]:
+    """The number of distinct ops each op waits for."""
+    return {name: len(graph.predecessors(name)) for name in graph.ops}
+
+
+def _imported(listed: list[str], succ: dict[str, list[str]], inputs: dict[str, int]) -> list[str]:
     """The order in which TensorFlow's GraphConstructor creates the ops of a graph listed in
-    `listed` order: topologically, the ready op listed first each time."""
+    `listed` order (`inputs`: how many ops each waits for): topologically, the ready op listed
+    first each time."""
     rank = {name: i for i, name in enumerate(listed)}
-    waiting = {name: len(graph.predecessors(name)) for name in listed}
+    waiting = dict(inputs)
     ready = [(rank[n], n) for n in listed if waiting[n] == 0]
     heapq.heapify(ready)
     made: list[str] = []
@@ -234,13 +241,14 @@ def _executor_run(
     graph: Graph,
     ids: list[str],
     succ: dict[str, list[str]],
+    inputs: dict[str, int],
     inline: Callable[[str], bool],
     base: Order | None,
 ) -> Order:
     """Emulate the executor (see `executor_order`) on ops created in `ids` order, each op's
-    out-edges in `succ` order."""
+    out-edges in `succ` order (`inputs`: how many ops each waits for)."""
     base = base or categorized_order(graph)
-    pending = {name: len(graph.predecessors(name)) for name in ids}
+    pending = {name: inputs[name] for name in ids}
     pool = deque(name for name in ids if pending[name] == 0)
     schedule: list[str] = []
     while pool:
