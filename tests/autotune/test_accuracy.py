@@ -58,7 +58,7 @@ SMALL = [
 @pytest.mark.parametrize("model,batch", SMALL)
 def test_measured_peak_within_10_percent_of_the_predicted_peaks(model: str, batch: int) -> None:
     """TensorFlow's executor order, and with it the peak, differs between processes (on a
-    oneDNN CPU the 3-D U-Net's measured 1.75 to 2.47 MiB at batch 2), so a measurement is one
+    oneDNN CPU the 3-D U-Net measured 1.77 to 2.41 MiB at batch 2), so a measurement is one
     draw of it. The prediction draws orders too (`order_peaks`, their median the prediction):
     the median of three processes must lie within 10 % of the middle 80 % of the drawn
     orders' peaks (and of the prediction). Where the orders agree, that is within 10 % of the
