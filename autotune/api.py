@@ -171,9 +171,9 @@ def simulate(
     `schedule="executor"` walks the graph TensorFlow runs (after Grappler and, on a oneDNN
     CPU, after oneDNN's graph pass) in the order its executor takes with one inter-op thread,
     emulated without running the step (the real peak of the step as it is, see results/). On
-    the CPU that order differs between processes (`simulator.executor_orders`): the result is
-    the one of `ORDER_SAMPLES` drawn orders whose peak is their median, and `order_peaks`
-    holds the peak of each;
+    a oneDNN CPU that order differs between processes (`simulator.executor_orders`): the
+    result is the one of `ORDER_SAMPLES` drawn orders whose peak is their median, and
+    `order_peaks` holds the peak of each;
     `schedule="recorded"` first runs the step once on the current device under the profiler
     and walks the order TensorFlow executed. Plans are simulated in the categorized order only,
     the order their rewritten step is pinned to; the default, "auto", is the executor's order
@@ -281,7 +281,7 @@ def _schedule_orders(
     kernels: CpuKernels | None,
 ) -> list[Order | None]:
     """The orders of `schedule` on `graph` (None: the categorized order, the engine's own): on
-    the CPU, `ORDER_SAMPLES` of the executor's (see `simulate`), else one."""
+    a oneDNN CPU, `ORDER_SAMPLES` of the executor's (see `simulate`), else one."""
     if schedule == "recorded" and profile is not None:
         return [scheduled_order(graph, profile.priorities())]
     if schedule != "executor":
@@ -291,15 +291,16 @@ def _schedule_orders(
 
     if device == "GPU:0":  # the executor counts every GPU kernel as inexpensive
         return [executor_order(graph, lambda name: True)]
-    rewritten = REWRITTEN_TYPES if kernels is not None and kernels.onednn else frozenset()
-    return list(
-        executor_orders(
-            graph,
-            lambda name: inline_kernel(graph.ops[name].type),
-            lambda name: graph.ops[name].type in rewritten,
-            ORDER_SAMPLES,
-        )
-    )
+
+    def inline(name: str) -> bool:
+        return inline_kernel(graph.ops[name].type)
+
+    def rewritten(name: str) -> bool:
+        return graph.ops[name].type in REWRITTEN_TYPES
+
+    if kernels is None or not kernels.onednn:  # one order: none was seen to vary without it
+        return [executor_order(graph, inline)]
+    return list(executor_orders(graph, inline, rewritten, ORDER_SAMPLES))
 
 
 def _engines(

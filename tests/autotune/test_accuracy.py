@@ -59,7 +59,8 @@ SMALL = [
 def test_measured_peak_within_10_percent_of_the_predicted_peaks(model: str, batch: int) -> None:
     """TensorFlow's executor order, and with it the peak, differs between processes (on a
     oneDNN CPU the 3-D U-Net measured 1.77 to 2.41 MiB at batch 2), so a measurement is one
-    draw of it. The prediction draws orders too (`order_peaks`, their median the prediction):
+    draw of it. The prediction draws orders too (`order_peaks`, their median the prediction;
+    without oneDNN, where no order was seen to vary, it emulates one):
     the median of three processes must lie within 10 % of the middle 80 % of the drawn
     orders' peaks (and of the prediction). Where the orders agree, that is within 10 % of the
     prediction; a single emulated order (the earlier model: 2.31 MiB for the U-Net at batch 2,
@@ -70,7 +71,9 @@ def test_measured_peak_within_10_percent_of_the_predicted_peaks(model: str, batc
         for _ in range(3)
     ]
     measured = statistics.median(peaks)
-    deciles = statistics.quantiles(sim["order_peaks"], n=10)
+    drawn = sim["order_peaks"]
+    assert bool(drawn) == sim["cpu_kernels"]["onednn"]  # drawn where the order varies
+    deciles = statistics.quantiles(drawn, n=10) if drawn else [sim["peak_bytes"]]
     low, high = min(deciles[0], sim["peak_bytes"]), max(deciles[-1], sim["peak_bytes"])
     what = (
         f"{model} batch {batch}: measured {peaks}, predicted {sim['peak_bytes']} "
@@ -78,5 +81,4 @@ def test_measured_peak_within_10_percent_of_the_predicted_peaks(model: str, batc
     )
     print(what)
     assert sim["schedule"] == "executor"
-    assert len(sim["order_peaks"]) > 10
     assert 0.9 * low <= measured <= 1.1 * high, what
