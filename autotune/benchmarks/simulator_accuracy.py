@@ -163,9 +163,8 @@ def _other_lines(rows: list[OtherRow]) -> list[str]:
     ]
     for r in rows:
         name = f"{r.model} (cube {r.cube})" if r.cube else r.model
-        each = ", ".join(format_bytes(p) for p in r.measured_all)
         lines.append(
-            f"| {name} | {r.batch} | {format_bytes(r.measured)} ({each}) | "
+            f"| {name} | {r.batch} | {_measured_cell(r.measured, r.measured_all)} | "
             f"{format_bytes(r.predicted)} | **{r.error:+.1%}** | {format_bytes(r.categorized)} | "
             f"{r.categorized_error:+.1%} |"
         )
@@ -210,6 +209,11 @@ def _speed(repeats: int) -> dict[str, float]:
     return med
 
 
+def _measured_cell(median: int, each: list[int]) -> str:
+    """The measured median and, in brackets, each process's figure."""
+    return f"{format_bytes(median)} ({', '.join(format_bytes(p) for p in each)})"
+
+
 def _table(rows: list[Row]) -> list[str]:
     lines = [
         "| model | batch | measured (median; each process) | predicted, executor orders "
@@ -220,11 +224,10 @@ def _table(rows: list[Row]) -> list[str]:
     ]
     for r in rows:
         name = f"{r.model} (cube {r.cube})" if r.cube else r.model
-        each = ", ".join(format_bytes(p) for p in r.measured_all)
         low, high = (format_bytes(b) for b in r.orders)
         drawn = f" ({low} to {high})" if r.orders[1] else ""
         lines.append(
-            f"| {name} | {r.batch} | {format_bytes(r.measured)} ({each}) | "
+            f"| {name} | {r.batch} | {_measured_cell(r.measured, r.measured_all)} | "
             f"{format_bytes(r.predicted)}{drawn} | "
             f"**{r.error:+.1%}** | {format_bytes(r.categorized)} | {r.categorized_error:+.1%} | "
             f"{format_bytes(r.recorded)} / {format_bytes(r.recorded_measured)} | "

@@ -21,17 +21,17 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 # where earlier steps left the variables' buffers. At 48 the step needs 22.9 of 30 MiB.
 
 
-@pytest.mark.parametrize(
-    "model,batch",
-    [
-        ("tiny-cnn", 48),
-        ("tiny-cnn", 128),
-        ("tiny-unet3d", 2),
-        ("tiny-unet3d", 8),
-        ("tiny-transformer", 16),
-        ("tiny-transformer", 64),
-    ],
-)
+SMALL = [
+    ("tiny-cnn", 48),
+    ("tiny-cnn", 128),
+    ("tiny-unet3d", 2),
+    ("tiny-unet3d", 8),
+    ("tiny-transformer", 16),
+    ("tiny-transformer", 64),
+]
+
+
+@pytest.mark.parametrize("model,batch", SMALL)
 def test_recorded_order_predicts_the_same_step_within_10_percent(model: str, batch: int) -> None:
     sim = cli_json(
         "simulate", "--model", model, "--batch-size", str(batch), "--schedule", "recorded"
@@ -43,16 +43,6 @@ def test_recorded_order_predicts_the_same_step_within_10_percent(model: str, bat
     )
     print(what)
     assert abs(error) <= 0.10, what
-
-
-SMALL = [
-    ("tiny-cnn", 48),
-    ("tiny-cnn", 128),
-    ("tiny-unet3d", 2),
-    ("tiny-unet3d", 8),
-    ("tiny-transformer", 16),
-    ("tiny-transformer", 64),
-]
 
 
 @pytest.mark.parametrize("model,batch", SMALL)
