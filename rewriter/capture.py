@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
-from rewriter.opsemantics import forwards, inplace_inputs, scratch_bytes
+from rewriter.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
 from simulator.graph import Graph, Op, Tensor, TensorKind
 
 __all__ = ["CaptureError", "Captured", "capture_function", "import_step", "to_specs"]
@@ -237,6 +237,7 @@ def _op(tf_op: Any) -> Op:
         calls=_called_functions(tf_op),
         scratch=scratch_bytes(tf_op.type, _sizes(tf_op.inputs), _sizes(tf_op.outputs)),
         cpu_scratch=_cpu_scratch(tf_op),
+        assigns=assignment(tf_op.type),
     )
 
 

@@ -11,6 +11,7 @@ from simulator.graph import Graph
 
 __all__ = [
     "SHAPE_ONLY",
+    "assignment",
     "forwards",
     "fused_together",
     "inline_kernel",
@@ -109,6 +110,18 @@ def forwards(op_type: str, n_inputs: int, n_outputs: int) -> dict[int, int]:
     if op_type == "IdentityN":
         return {i: i for i in range(min(n_inputs, n_outputs))}
     return {}
+
+
+def assignment(op_type: str) -> str:
+    """How the op writes the variable of its input 0 (`Op.assigns`): `AssignVariableOp` adopts
+    its value's buffer when it can forward it (resource_variable_ops.cc), the assign-adds update
+    in place; where the variable's tensor is still referenced by a read (its reference count is
+    not one), a write that does not adopt allocates a new buffer."""
+    if op_type == "AssignVariableOp":
+        return "adopt"
+    if op_type in ("AssignAddVariableOp", "AssignSubVariableOp"):
+        return "update"
+    return ""
 
 
 def inplace_inputs(op_type: str, n_inputs: int) -> tuple[int, ...]:

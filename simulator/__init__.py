@@ -16,6 +16,8 @@ from simulator.devices import PRESETS, DevicePreset, get_preset
 from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
 from simulator.memory import (
     ALLOCATOR_GRANULARITY,
+    Assignment,
+    Move,
     Program,
     SimResult,
     compile_program,
@@ -52,6 +54,7 @@ __all__ = [
     "simulate_plan",
     "simulate_time",
     "ALLOCATOR_GRANULARITY",
+    "Assignment",
     "BFCModel",
     "OutOfMemory",
     "Request",
@@ -62,6 +65,7 @@ __all__ = [
     "EventKind",
     "Graph",
     "GraphError",
+    "Move",
     "Op",
     "Order",
     "Program",

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from bisect import bisect_left, insort
+import operator
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from simulator.memory import SimResult, paused_gc
+from simulator.memory import Move, SimResult, paused_gc
 from simulator.trace import DEVICE_ALLOCS, EventKind, Row, Trace
 
 __all__ = ["BFCModel", "OutOfMemory", "Request", "replay_history", "replay_peak", "with_allocator"]
@@ -96,22 +97,21 @@ class BFCModel:
         """Free the chunk at `addr` and coalesce it with free neighbours."""
         self.replay([(_FREE, 0, 0, 0, 0, 0)], [addr // _UNIT])
 
-    def hold(self, sizes: Sequence[int]) -> None:
-        """Place tensors held for the whole run (never released), as `allocate` one by one would.
+    def hold(self, sizes: Sequence[int]) -> list[int]:
+        """Place tensors held across steps, as `allocate` one by one would, and return their
+        addresses (in units of 256 B).
 
         In a fresh model each region is then a used prefix and a free tail: the placement is
-        computed once per list of sizes (every simulation of a graph holds the same variables)
-        and each region's held tensors become one in-use chunk. The bytes in use, the peak and
-        the free chunks are those of the one-by-one placement.
+        computed once per list of sizes (every simulation of a graph holds the same variables).
         """
         if self.regions:  # not fresh
-            for nbytes in sizes:
-                self.allocate(nbytes)
-            return
-        regions, grown = _held_layout(tuple(sizes), self.memory_limit, self.region_bytes)
+            return [self.allocate(nbytes) // _UNIT for nbytes in sizes]
+        regions, grown, placed = _held_layout(tuple(sizes), self.memory_limit, self.region_bytes)
         self.region_bytes, self.allocated_regions, self._next_base = grown
         for region in regions:
             self._place_region(*region)
+        self.used.update(placed)
+        return list(placed)
 
     def replay(self, rows: Iterable[Row], where: list[int]) -> None:
         """Replay a trace's rows in turn: place each device allocation (ALLOC, SWAP_IN) and
@@ -165,10 +165,10 @@ class BFCModel:
             self.in_use_units, self.peak_units = in_use, peak
 
     def _place_region(self, base: int, size: int, used: int) -> None:
-        """Record a region whose first `used` units are one in-use chunk and the rest is free."""
+        """Record a region whose first `used` units are in use (the caller records the chunks)
+        and the rest is free."""
         self.regions.append((base, size))
         if used:
-            self.used[base] = used
             self.in_use_units += used
             self.peak_units = max(self.peak_units, self.in_use_units)
         if used < size:
@@ -198,10 +198,11 @@ class BFCModel:
 @functools.lru_cache(maxsize=8)
 def _held_layout(
     sizes: tuple[int, ...], memory_limit: int, region_bytes: int
-) -> tuple[list[tuple[int, int, int]], tuple[int, int, int]]:
+) -> tuple[list[tuple[int, int, int]], tuple[int, int, int], dict[int, int]]:
     """Regions (base, size, used; in units) after placing `sizes` (bytes) one by one in a fresh
-    model, and the model's growth state after them (next region size, bytes in regions, next
-    base address). Without releases each region is a used prefix and a free tail."""
+    model, the model's growth state after them (next region size, bytes in regions, next
+    base address) and the chunks (address: size, in placement order). Without releases each
+    region is a used prefix and a free tail."""
     model = BFCModel(memory_limit)
     model.region_bytes = region_bytes
     for nbytes in sizes:
@@ -210,20 +211,30 @@ def _held_layout(
         (base, size, sum(n for a, n in model.used.items() if base <= a < base + size))
         for base, size in model.regions
     ]
-    return regions, (model.region_bytes, model.allocated_regions, model._next_base)
+    return regions, (model.region_bytes, model.allocated_regions, model._next_base), model.used
 
 
 def replay_peak(
-    trace: Trace, resident: list[int], model: BFCModel | None = None, *, warmup: bool = True
+    trace: Trace,
+    resident: list[int],
+    model: BFCModel | None = None,
+    *,
+    warmup: bool = True,
+    moves: Sequence[Move] = (),
 ) -> int:
     """Peak bytes in use while replaying `trace` after placing the resident tensors' bytes.
 
     With `warmup`, the peak is that of the measured step after a warm-up, as a measurement
-    takes it: the measured step starts from the free chunks the warm-up left behind. It is
-    replayed only where it can differ from the warm-up (`_exhausted`).
+    takes it: the measured step starts from the free chunks the warm-up left behind.
+    `moves` are the step's variable writes (`SimResult.moves`), which move variables between
+    buffers as TensorFlow's do: a write that adopts its value's buffer frees the variable's
+    old one, and a write while a read of the variable is pending goes to a new buffer, the old
+    one freed after the read's last consumer. The measured step then starts from the layout the
+    warm-up left, and is replayed; without moves it is replayed only where it can differ from
+    the warm-up (`_exhausted`).
     """
     with paused_gc():
-        return _replay_peak(trace, resident, model or BFCModel(), warmup)
+        return _replay_peak(trace, resident, model or BFCModel(), warmup, moves)
 
 
 class Request(NamedTuple):
@@ -260,20 +271,93 @@ def replay_history(
 
 def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
     """`result` with its peak replaced by the peak `allocator` reaches replaying the trace."""
-    peak = replay_peak(result.trace, list(result.resident_sizes), allocator)
+    resident = list(result.resident_sizes)
+    peak = replay_peak(result.trace, resident, allocator, moves=result.moves)
     return dataclasses.replace(result, peak_bytes=peak)
 
 
-def _replay_peak(trace: Trace, resident: list[int], model: BFCModel, warmup: bool) -> int:
-    model.hold(resident)
+def _replay_peak(
+    trace: Trace, resident: list[int], model: BFCModel, warmup: bool, moves: Sequence[Move]
+) -> int:
+    held = model.hold(resident)
     where = [0] * trace.n_tensors  # chunk address by tensor
     regions = model.allocated_regions
     model.reset_peak()
+    if moves:
+        actions = _move_actions(trace.rows, moves)
+        for _ in range(2 if warmup else 1):
+            model.reset_peak()
+            _replay_moving(model, trace.rows, where, held, resident, actions)
+        return model.peak
     model.replay(trace.rows, where)
     if warmup and model.allocated_regions != regions and _exhausted(model):
         model.reset_peak()
         model.replay(trace.rows, where)
     return model.peak
+
+
+# rows of a step after its op ran: the frees of the inputs it last read, then its swap-ins
+_AFTER_THE_OP = frozenset(map(int, (EventKind.FREE, EventKind.SWAP_IN, EventKind.HOST_FREE)))
+# what a variable write does to the allocator, at a row of the trace (see `_move_actions`)
+_RELEASE_OLD, _ADOPT, _COPY = 0, 1, 2
+# (row index, order at that row, action, held variable, buffer, whether the old one waits)
+_Action = tuple[int, int, int, int, int, bool]
+
+
+def _move_actions(rows: Sequence[Row], moves: Sequence[Move]) -> list[_Action]:
+    """Where each variable write acts in the trace's rows, in row order: an adoption in place
+    of the row that frees its value's buffer (the row is skipped), a copy while its op runs
+    (before the frees of its step), and the release of old buffers a pending read held, after
+    the rows of the step that last consumes it (before the actions of later steps there)."""
+    actions: list[_Action] = []
+    step = operator.itemgetter(1)
+    for move in moves:
+        lo = bisect_left(rows, move.step, key=step)
+        hi = bisect_right(rows, move.step, key=step)
+        after = [i for i in range(lo, hi) if rows[i][0] in _AFTER_THE_OP]
+        waits = move.release >= 0
+        adopted = [i for i in after if rows[i][0] == _FREE and rows[i][2] == move.buffer]
+        if adopted and move.buffer >= 0:
+            actions.append((adopted[0], 1, _ADOPT, move.held, move.buffer, waits))
+        elif waits:
+            actions.append((after[0] if after else hi, 1, _COPY, move.held, -1, True))
+        if waits:
+            end = bisect_right(rows, move.release, key=step)
+            actions.append((end, 0, _RELEASE_OLD, move.held, -1, False))
+    actions.sort(key=lambda a: a[:2])
+    return actions
+
+
+def _replay_moving(
+    model: BFCModel,
+    rows: Sequence[Row],
+    where: list[int],
+    held: list[int],
+    resident: list[int],
+    actions: list[_Action],
+) -> None:
+    """One pass over `rows` with the variable writes `actions`: `held` holds each variable's
+    address (in units) and is updated as they move."""
+    waiting: dict[int, list[int]] = {}  # variable -> old buffers a read holds
+    start = 0
+    for index, _, kind, variable, buffer, waits in actions:
+        model.replay(rows[start:index], where)
+        start = index
+        if kind == _RELEASE_OLD:
+            for addr in waiting.pop(variable, []):
+                model.release(addr * _UNIT)
+            continue
+        old = held[variable]
+        if kind == _ADOPT:
+            held[variable] = where[buffer]
+            start = index + 1
+        else:
+            held[variable] = model.allocate(resident[variable]) // _UNIT
+        if waits:
+            waiting.setdefault(variable, []).append(old)
+        else:
+            model.release(old * _UNIT)
+    model.replay(rows[start:], where)
 
 
 def _exhausted(model: BFCModel) -> bool:
@@ -288,12 +372,9 @@ def _exhausted(model: BFCModel) -> bool:
     warm-up added a region, that same region (the smallest and lowest of those it added from
     there on). The two steps place every tensor alike and reach the same peak.
 
-    That holds for the simulated step, which keeps every variable in the buffer it was placed
-    in. TensorFlow's does not quite: an assignment whose value dies there adopts the value's
-    buffer (`AssignVariableOp`) and an in-place update of a variable still being read copies it
-    first, so each step moves some variables to new buffers and a later step's layout can
-    differ (not modelled; measured on tiny-unet3d batch 2, a process's later steps rose up to
-    12 % above its first).
+    That holds for a step that keeps every variable in the buffer it was placed in. A step
+    with variable writes (`moves`) moves some variables to new buffers, so the measured step's
+    layout differs from the warm-up's: `_replay_peak` then always replays it.
     """
     return model.memory_limit - model.allocated_regions < _UNIT
 

@@ -60,6 +60,11 @@ class Op:
     `calls` names the functions a call op (If, While, PartitionedCall) runs; `scratch` is the
     temporary memory its kernel holds while it runs (freed when it ends); `cpu_scratch`, when
     set, replaces it for the CPU kernel of the process that captured the graph (`on_cpu`).
+    `assigns` says how the op writes the variable whose handle is its input 0: "adopt" (the
+    variable takes over the buffer of input 1, the value, when the value dies there), "update"
+    (in place), or "" (no variable write). While a read of the variable is still to be
+    consumed, its old buffer stays until then, and a write that does not adopt goes to a new
+    buffer.
     """
 
     name: str
@@ -73,6 +78,7 @@ class Op:
     calls: tuple[str, ...] = ()
     scratch: int = 0
     cpu_scratch: int | None = None
+    assigns: str = ""
 
 
 class Graph:
@@ -266,6 +272,10 @@ class Graph:
             for out_i, in_i in op.forwards.items():
                 if not (0 <= out_i < len(op.outputs) and 0 <= in_i < len(op.inputs)):
                     raise GraphError(f"op {op.name!r} forwards {out_i}->{in_i} out of range")
+            if op.assigns not in ("", "adopt", "update"):
+                raise GraphError(f"op {op.name!r} assigns {op.assigns!r}: not adopt or update")
+            if op.assigns and len(op.inputs) < (2 if op.assigns == "adopt" else 1):
+                raise GraphError(f"op {op.name!r} {op.assigns}s a variable without its inputs")
             for name in op.inputs:
                 if op.name not in self.tensors[name].consumers:
                     raise GraphError(f"tensor {name!r} does not list consumer {op.name!r}")

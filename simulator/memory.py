@@ -12,6 +12,7 @@ import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from simulator.graph import Graph
 from simulator.order import Order, categorized_order
@@ -19,6 +20,8 @@ from simulator.trace import EventKind, Trace
 
 __all__ = [
     "ALLOCATOR_GRANULARITY",
+    "Assignment",
+    "Move",
     "Program",
     "SimResult",
     "compile_program",
@@ -38,6 +41,26 @@ _HOST_FREE = int(EventKind.HOST_FREE)
 
 # One output in the compiled program: (tensor id, allocation bytes, forwarded-from id, in-place ids)
 _Out = tuple[int, int, int, tuple[int, ...]]
+
+
+class Assignment(NamedTuple):
+    """A write at `step` to the variable held `held`-th (in `Program.resident_sizes`): it may
+    adopt the buffer of tensor `value` (-1: the write is in place), and a read of the variable
+    made before it is last consumed at step `release` (-1: none is pending)."""
+
+    step: int
+    held: int
+    value: int
+    release: int
+
+
+class Move(NamedTuple):
+    """An `Assignment` as the walk placed it: `buffer` is the value's buffer (-1: none)."""
+
+    step: int
+    held: int
+    buffer: int
+    release: int
 
 
 def _round_up(nbytes: int, granularity: int) -> int:
@@ -70,6 +93,8 @@ class Program:
     #: per step, the swap-in copies its op triggers: they start once the op has finished, so
     #: they are allocated after the inputs it was the last to read are freed
     swap_ins: dict[int, list[_Out]] = field(default_factory=dict)
+    #: the variable writes, in step order: TensorFlow moves variables between buffers there
+    assignments: tuple[Assignment, ...] = ()
 
 
 def added_visits(visits: list[int], steps: Iterable[int]) -> list[int]:
@@ -92,6 +117,8 @@ class SimResult:
     live_peak_bytes: int
     resident_sizes: tuple[int, ...]
     host_peak_bytes: int = 0
+    #: the program's assignments with the buffers their values had (for the allocator)
+    moves: tuple[Move, ...] = ()
 
     @property
     def transient_peak_bytes(self) -> int:
@@ -155,7 +182,71 @@ def compile_program(
     freeing = {last[t] for outs in steps for t, _, _, _ in outs}
     visits = sorted(placing | freeing | {len(order.ops)})
     held = tuple(a for a, r in zip(alloc, resident) if r and a)
-    return Program(order, names, steps, last, alloc, sum(held), levels, visits, held, tid)
+    held_names = [n for n, a, r in zip(names, alloc, resident) if r and a]
+    assignments = _assignments(graph, order, tid, last, held_names)
+    return Program(
+        order,
+        names,
+        steps,
+        last,
+        alloc,
+        sum(held),
+        levels,
+        visits,
+        held,
+        tid,
+        assignments=assignments,
+    )
+
+
+def _assignments(
+    graph: Graph, order: Order, tid: dict[str, int], last: list[int], held_names: list[str]
+) -> tuple[Assignment, ...]:
+    """The writes of held variables (`Op.assigns`; `held_names`: the held tensors in holding
+    order) in step order, each with the step at which the reads of the variable made before
+    it are last consumed."""
+    held = {name: i for i, name in enumerate(held_names)}
+    out = []
+    for p, name in enumerate(order.ops):
+        op = graph.ops[name]
+        if not op.assigns:
+            continue
+        variable = _aliased(graph, op.inputs[0])
+        if variable not in held:
+            continue
+        reads = [
+            last[tid[a]]
+            for a in _aliases(graph, variable)
+            if order.position[graph.tensors[a].producer] < p
+        ]
+        release = max(reads, default=-1)
+        value = tid[op.inputs[1]] if op.assigns == "adopt" else -1
+        out.append(Assignment(p, held[variable], value, release if release > p else -1))
+    return tuple(out)
+
+
+def _aliased(graph: Graph, name: str) -> str:
+    """The tensor whose buffer tensor `name` shares (through forwarding ops), or itself."""
+    while True:
+        op = graph.ops[graph.tensors[name].producer]
+        j = op.outputs.index(name)
+        if j not in op.forwards:
+            return name
+        name = op.inputs[op.forwards[j]]
+
+
+def _aliases(graph: Graph, name: str) -> list[str]:
+    """The tensors that share tensor `name`'s buffer through forwarding ops."""
+    out, todo = [], [name]
+    while todo:
+        t = todo.pop()
+        for consumer in dict.fromkeys(graph.tensors[t].consumers):
+            op = graph.ops[consumer]
+            for j, i in op.forwards.items():
+                if op.inputs[i] == t:
+                    out.append(op.outputs[j])
+                    todo.append(op.outputs[j])
+    return out
 
 
 class _Walk:
@@ -176,6 +267,7 @@ class _Walk:
         self.live = self.peak = program.persistent_bytes
         self.peak_step = 0
         self.host = self.host_peak = 0
+        self.buf: list[int] = []
 
     def run(self) -> None:
         """Walk every step: place its outputs (forwarded, an input reused in place, or new),
@@ -231,6 +323,7 @@ class _Walk:
                 self._plan_in(p)
                 live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
         self.live, self.peak, self.peak_step = live, peak, peak_step
+        self.buf = buf
 
     def _plan_out(self, p: int) -> None:
         """Copies to the host the op at step `p` starts (before the step's frees)."""
@@ -283,6 +376,10 @@ def simulate_memory(program: Program) -> SimResult:
 def _simulate_memory(program: Program) -> SimResult:
     walk = _Walk(program)
     walk.run()
+    moves = tuple(
+        Move(a.step, a.held, walk.buf[a.value] if a.value >= 0 else -1, a.release)
+        for a in program.assignments
+    )
     order = program.order
     step = walk.peak_step
     return SimResult(
@@ -296,4 +393,5 @@ def _simulate_memory(program: Program) -> SimResult:
         walk.peak,
         program.resident_sizes,
         walk.host_peak,
+        moves,
     )

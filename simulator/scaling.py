@@ -90,6 +90,7 @@ def _copy_op(op: Op, scratch: int) -> Op:
         op.inplace,
         op.calls,
         scratch,
+        assigns=op.assigns,
     )
 
 

@@ -193,10 +193,11 @@ def _speed(repeats: int) -> dict[str, float]:
         t1 = time.perf_counter()
         result = simulate_memory(program)
         t2 = time.perf_counter()
-        replay_peak(result.trace, list(result.resident_sizes))
+        resident = list(result.resident_sizes)
+        replay_peak(result.trace, resident, moves=result.moves)
         t3 = time.perf_counter()
         gpu = BFCModel(16 << 30, allow_growth=False)  # one region, as on a GPU preset
-        replay_peak(result.trace, list(result.resident_sizes), gpu)
+        replay_peak(result.trace, resident, gpu, moves=result.moves)
         times["compile"].append(t1 - t0)
         times["walk"].append(t2 - t1)
         times["allocator"].append(t3 - t2)

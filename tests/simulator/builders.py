@@ -18,6 +18,7 @@ def add(
     forwards: dict[int, int] | None = None,
     inplace: tuple[int, ...] = (),
     control: list[str] | None = None,
+    assigns: str = "",
 ) -> list[str]:
     """Add op `name` reading tensors `inputs`, with one output per size in `nbytes`."""
     sizes = nbytes if isinstance(nbytes, list) else [nbytes]
@@ -31,6 +32,7 @@ def add(
         list(control or []),
         forwards=forwards or {},
         inplace=inplace,
+        assigns=assigns,
     )
     g.add_op(op, tensors)
     return outs

@@ -4,6 +4,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 
 from simulator import (
+    Assignment,
     EventKind,
     Graph,
     Program,
@@ -172,3 +173,37 @@ def test_added_visits_merges_new_steps_in_order_once() -> None:
     assert added_visits([1, 4, 9], [9, 2, 2, 12]) == [1, 2, 4, 9, 12]
     visits = [0, 3]
     assert added_visits(visits, [3]) is visits
+
+
+def _variable_step(consumed_late: bool) -> Graph:
+    """A variable read, its read consumed before or after an assign-add of a gradient, and an
+    assignment that adopts a value dying there."""
+    g = Graph("variable")
+    v = add(g, "v", [], 1024, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    w = add(g, "w", [], 1024, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    r = add(g, "read", v, 1024, type="ReadVariableOp", forwards={0: 0})
+    grad = add(g, "grad", [] if consumed_late else r, 1024)
+    add(g, "update", v + grad, [], type="AssignAddVariableOp", assigns="update")
+    value = add(g, "value", grad, 1024)
+    add(g, "assign", w + value, [], type="AssignVariableOp", assigns="adopt", control=["update"])
+    if consumed_late:
+        out = add(g, "late", r, 256, control=["update"])
+        g.mark_outputs(out)
+    return g
+
+
+def test_assignments_name_the_variable_the_value_and_the_pending_reads() -> None:
+    """An assign-add while its variable's read is still to be consumed releases the old buffer
+    only after that consumer; one after the read was consumed, at once (-1). The adopting
+    assignment names its value."""
+    for late in (True, False):
+        g = _variable_step(late)
+        program = compile_program(g)
+        pos = program.order.position
+        update, assign = program.assignments
+        assert (update.step, update.held, update.value) == (pos["update"], 0, -1)
+        assert update.release == (pos["late"] if late else -1)
+        value = program.tid["value:0"]
+        assert assign == Assignment(pos["assign"], 1, value, -1)
+        moves = simulate_memory(program).moves
+        assert [m.buffer for m in moves] == [-1, value]
