@@ -5,7 +5,8 @@ rounds every request to 256 bytes, takes the smallest free chunk that fits, and 
 the chunk is at least twice the request, so a 1.6 MiB tensor placed in a fresh 2 MiB region holds
 all 2 MiB. Regions grow by doubling from 2 MiB when `allow_growth` (TensorFlow's CPU BFC), or are
 one region of the whole memory (a GPU without growth). `bytes_in_use` counts whole chunks, exactly
-as `tf.config.experimental.get_memory_info(...)['peak']` does.
+as `tf.config.experimental.get_memory_info(...)['peak']` does. Variables move between chunks
+where the step writes them, as TensorFlow's do (`replay_peak`'s `moves`).
 
 Inside the model, sizes and addresses count 256-byte units (BFC's granularity): they stay small
 ints, which Python adds, compares and hashes faster than the byte counts of a large device.
@@ -317,7 +318,7 @@ def _move_actions(rows: Sequence[Row], moves: Sequence[Move]) -> list[_Action]:
         after = [i for i in range(lo, hi) if rows[i][0] in _AFTER_THE_OP]
         waits = move.release >= 0
         adopted = [i for i in after if rows[i][0] == _FREE and rows[i][2] == move.buffer]
-        if adopted and move.buffer >= 0:
+        if adopted:  # (a buffer of -1 frees no row)
             actions.append((adopted[0], 1, _ADOPT, move.held, move.buffer, waits))
         elif waits:
             actions.append((after[0] if after else hi, 1, _COPY, move.held, -1, True))

@@ -7,7 +7,7 @@ from autotune.api import capture  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
 from rewriter.capture import CaptureError, _broadcast_reduction, capture_function  # noqa: E402
 from rewriter.opsemantics import fused_together  # noqa: E402
-from simulator import TensorKind, categorized_order  # noqa: E402
+from simulator import TensorKind, categorized_order, compile_program  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -55,6 +55,23 @@ def test_custom_tf_function_with_specs() -> None:
     matmul = next(op for op in g.ops.values() if op.type == "MatMul")
     assert g.tensors[matmul.outputs[0]].nbytes == 32 * 4 * 4
     assert g.outputs
+
+
+def test_variable_writes_are_marked_and_each_writes_a_held_variable() -> None:
+    """SGD with momentum assigns each slot (adopting its value) and adds to each weight."""
+    zm = get_entry("tiny-cnn").build()
+    cap = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=8)
+    g = cap.graph
+    writes = [op for op in g.ops.values() if op.assigns]
+    assert {op.type: op.assigns for op in writes} == {
+        "AssignVariableOp": "adopt",
+        "AssignAddVariableOp": "update",
+    }
+    weights = len(zm.model.trainable_weights)
+    assert sum(op.type == "AssignAddVariableOp" for op in writes) == weights
+    assert all(g.tensors[op.inputs[0]].kind is TensorKind.VARIABLE for op in writes)
+    program = compile_program(g)
+    assert len(program.assignments) == len(writes)
 
 
 def test_plain_callable_is_wrapped() -> None:
