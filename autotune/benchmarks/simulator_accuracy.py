@@ -265,10 +265,11 @@ def _speed_lines(s: dict[str, float]) -> list[str]:
         f"One simulation (walk and allocator replay) is {s['grappler'] / sim:.1f}x faster than "
         f"Grappler's estimator on the same graph; the walk alone, {s['walk'] * 1e3:.1f} ms, "
         f"is {s['grappler'] / s['walk']:.0f}x faster. Lowering is done once per graph, and so "
-        "is the placement of the variables in the allocator. The step is replayed once: the "
-        "measured step after a warm-up places every tensor as the warm-up did, unless the "
-        "regions the warm-up added fill the memory limit (then it is replayed twice); "
-        "TensorFlow's steps also move some variables to new buffers, which is not modelled.",
+        "is the placement of the variables in the allocator. The allocator replays a warm-up "
+        "step and the measured step: the step's variable writes move variables between "
+        "buffers as TensorFlow's do (an assignment adopts its value's buffer; a write while "
+        "the variable is still read goes to a new one), so the measured step starts from the "
+        "layout the warm-up left.",
     ]
 
 
