@@ -153,8 +153,8 @@ def executor_orders(
     The step's roots keep their order. They were seen to start in different orders in
     different processes, but drawing their order at random, with the variables' moves
     between buffers modelled (`replay_peak`), drew tiny-cnn (batch 128) orders peaking at up
-    to 66 MiB, 6 of 15 above 61 MiB, where 12 processes measured 51.3 to 53.5 MiB (and 3 of 14
-    more, 58.0 to 60.1); with their order kept, 40 draws span 51.8 to 57.6 MiB, and the 3-D
+    to 66 MiB, 6 of 15 above 61 MiB, where 30 of 34 processes measured 51.3 to 53.5 MiB and 4
+    took 58.0 to 62.0; with their order kept, 40 draws span 51.8 to 57.6 MiB, and the 3-D
     U-Net's (batch 8) median is 7.20 MiB against 7.30 measured in 30 processes.
     """
     rng = random.Random(seed)
