@@ -282,14 +282,14 @@ def _replay_peak(
 ) -> int:
     held = model.hold(resident)
     where = [0] * trace.n_tensors  # chunk address by tensor
-    regions = model.allocated_regions
-    model.reset_peak()
     if moves:
         actions = _move_actions(trace.rows, moves)
         for _ in range(2 if warmup else 1):
             model.reset_peak()
             _replay_moving(model, trace.rows, where, held, resident, actions)
         return model.peak
+    regions = model.allocated_regions
+    model.reset_peak()
     model.replay(trace.rows, where)
     if warmup and model.allocated_regions != regions and _exhausted(model):
         model.reset_peak()

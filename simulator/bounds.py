@@ -13,17 +13,6 @@ from simulator.memory import ALLOCATOR_GRANULARITY, _round_up
 __all__ = ["lower_bound_bytes"]
 
 
-def _root(graph: Graph, name: str) -> str:
-    """The tensor whose buffer `name` shares (following forwarding ops), or `name` itself."""
-    while True:
-        t = graph.tensors[name]
-        op = graph.ops[t.producer]
-        j = op.outputs.index(name)
-        if j not in op.forwards:
-            return name
-        name = op.inputs[op.forwards[j]]
-
-
 def lower_bound_bytes(graph: Graph, *, granularity: int = ALLOCATOR_GRANULARITY) -> int:
     """Resident bytes plus the largest working set (inputs, outputs, scratch) of any op."""
     resident = sum(
@@ -31,7 +20,7 @@ def lower_bound_bytes(graph: Graph, *, granularity: int = ALLOCATOR_GRANULARITY)
     )
     best = 0
     for op in graph.ops.values():
-        roots = {_root(graph, n) for n in [*op.inputs, *op.outputs]}
+        roots = {graph.buffer_root(n) for n in [*op.inputs, *op.outputs]}
         need = sum(
             _round_up(graph.tensors[r].nbytes, granularity)
             for r in roots

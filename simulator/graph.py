@@ -156,6 +156,16 @@ class Graph:
         succ += self.control_consumers.get(op_name, [])
         return list(dict.fromkeys(succ))
 
+    def buffer_root(self, name: str) -> str:
+        """The tensor whose buffer tensor `name` shares (following forwarding ops), or `name`
+        itself."""
+        while True:
+            op = self.ops[self.tensors[name].producer]
+            j = op.outputs.index(name)
+            if j not in op.forwards:
+                return name
+            name = op.inputs[op.forwards[j]]
+
     def with_control_edges(self, edges: tuple[tuple[str, str], ...]) -> Graph:
         """A copy in which, for each `(before, after)`, op `after` also waits for op `before`.
 

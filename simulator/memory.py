@@ -181,8 +181,8 @@ def compile_program(
     placing = {p for p, outs in enumerate(steps) if outs}
     freeing = {last[t] for outs in steps for t, _, _, _ in outs}
     visits = sorted(placing | freeing | {len(order.ops)})
-    held = tuple(a for a, r in zip(alloc, resident) if r and a)
     held_names = [n for n, a, r in zip(names, alloc, resident) if r and a]
+    held = tuple(alloc[tid[n]] for n in held_names)
     assignments = _assignments(graph, order, tid, last, held_names)
     return Program(
         order,
@@ -211,7 +211,7 @@ def _assignments(
         op = graph.ops[name]
         if not op.assigns:
             continue
-        variable = _aliased(graph, op.inputs[0])
+        variable = graph.buffer_root(op.inputs[0])
         if variable not in held:
             continue
         reads = [
@@ -223,16 +223,6 @@ def _assignments(
         value = tid[op.inputs[1]] if op.assigns == "adopt" else -1
         out.append(Assignment(p, held[variable], value, release if release > p else -1))
     return tuple(out)
-
-
-def _aliased(graph: Graph, name: str) -> str:
-    """The tensor whose buffer tensor `name` shares (through forwarding ops), or itself."""
-    while True:
-        op = graph.ops[graph.tensors[name].producer]
-        j = op.outputs.index(name)
-        if j not in op.forwards:
-            return name
-        name = op.inputs[op.forwards[j]]
 
 
 def _aliases(graph: Graph, name: str) -> list[str]:
