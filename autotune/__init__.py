@@ -30,6 +30,7 @@ __all__ = [
     "prepare_measurement",
     "rewrite",
     "simulate",
+    "use_two_cpus",
     "verify",
 ]
 
@@ -60,24 +61,46 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     return options, PlanParams(**plan_kw)
 
 
-def rewrite(step: Any, *example_args: Any, mode: str | None = None, **options: Any) -> Any:
+def rewrite(
+    step: Any,
+    *example_args: Any,
+    mode: str | None = None,
+    compute_device: str | None = None,
+    host_device: str | None = None,
+    **options: Any,
+) -> Any:
     """The tuned step for the plan that `n_tensors=`, `lb=`, `ub=`, ... give: callable like the
-    original, with `.graph_def` and `.plan`. On a GPU if TensorFlow sees one, else emulated."""
+    original, with `.graph_def` and `.plan`. On a GPU if TensorFlow sees one (swap ops on the
+    host device), else emulated. `mode="device"` with `compute_device="/device:CPU:0",
+    host_device="/device:CPU:1"` builds the GPU form on two logical CPUs (`use_two_cpus`)."""
     from autotune.verify import rewrite_captured
 
     options, params = _split(options)
     captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
-    return rewrite_captured(captured, params, **({"mode": mode} if mode else {}))
+    given = {"mode": mode, "compute_device": compute_device, "host_device": host_device}
+    return rewrite_captured(captured, params, **{k: v for k, v in given.items() if v})
 
 
-def verify(step: Any, *example_args: Any, steps: int = 3, **options: Any) -> Any:
+def verify(
+    step: Any, *example_args: Any, steps: int = 3, dry_run: bool = False, **options: Any
+) -> Any:
     """Run the tuned step (plan options as for `rewrite`) and the original on the device and
-    report measured peaks and times next to the simulator's prediction."""
+    report measured peaks and times next to the simulator's prediction, and on a GPU whether
+    each swap-in waited for its trigger. Without a GPU, `dry_run` checks that on two logical
+    CPUs (call `use_two_cpus()` before TensorFlow starts)."""
     from autotune.verify import verify_captured
 
     options, params = _split(options)
     captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
-    return verify_captured(captured, params, steps=steps)
+    return verify_captured(captured, params, steps=steps, dry_run=dry_run)
+
+
+def use_two_cpus() -> None:
+    """Split the CPU into two logical devices (CPU:0 computes, CPU:1 is the host) for a dry run
+    of the GPU form of a tuned step; call before TensorFlow initializes its devices."""
+    from autotune.verify import use_two_cpus as _use_two_cpus
+
+    _use_two_cpus()
 
 
 def fit(step_or_model: Any, *example_args: Any, **options: Any) -> Any:

@@ -163,18 +163,21 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Rewrite a zoo model's step with a plan, run it and the original, compare to prediction."""
-    from autotune.verify import limit_gpu_memory, verify_captured
+    from autotune.verify import limit_gpu_memory, use_two_cpus, verify_captured
     from rewriter.plan import PlanParams
 
     params = plan_params(args) or PlanParams()
     limited = args.gpu_memory is not None and limit_gpu_memory(args.gpu_memory)
+    dry_run = args.dry_run and not limited and _no_gpu()
+    if dry_run:
+        use_two_cpus()
     if args.gpu_memory is not None and not limited:
         print(
             "autotune: note: no GPU visible, so --gpu-memory does not apply; "
             "running on the emulated device",
             file=sys.stderr,
         )
-    v = verify_captured(_capture_zoo(args), params, steps=args.steps)
+    v = verify_captured(_capture_zoo(args), params, steps=args.steps, dry_run=dry_run)
     out = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -189,12 +192,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_gpu() -> bool:
+    import tensorflow as tf
+
+    return not tf.config.list_physical_devices("GPU")
+
+
 def _print_verification(v: Any) -> None:
     """The measured peaks and step times of a verification next to the prediction."""
     print(
         f"swapped      {len(v.plan.swaps)} tensors; {len(v.executed)} of {v.swap_ops} swap ops "
         "ran (read from the executed graphs)"
     )
+    if v.gating is not None:
+        print(f"gating       {v.gating.summary()}")
+        print(f"             (checked on {v.gating_place}, from the executed graphs and a profile)")
+        for gate in [g for g in v.gating.gates if not g.gated][:3]:
+            print(f"             NOT gated: {gate.swap_in}: {gate.reason}")
     _print_order_edges(v.plan.order_edges)
     for label, run, pred in (
         ("tuned", v.tuned, v.predicted_peak_bytes),
@@ -385,6 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "verify":
             add_plan_args(p)
             p.add_argument("--steps", type=_positive_int, default=3, help="measured steps")
+            p.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="without a GPU: also run the GPU form of the tuned step on two logical "
+                "CPUs and check that every swap-in waits for its trigger",
+            )
             p.add_argument(
                 "--gpu-memory",
                 type=size_arg,

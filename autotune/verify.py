@@ -1,7 +1,9 @@
 """Confirm a plan by running it: measured peak and step time next to the simulator's prediction.
 
-On a GPU the tuned step runs with its swap ops on the GPU and its host; without one it runs on
-the emulated device (swapped tensors kept outside TensorFlow's allocator, see rewriter.apply).
+On a GPU the tuned step runs with its swap ops on the host, and the run itself shows whether
+each swap-in waited for its trigger (`autotune.gating`); without one it runs on the emulated
+device (swapped tensors kept outside TensorFlow's allocator, see rewriter.apply), and a dry run
+checks the GPU form of the step on two logical CPUs.
 The tuned step runs first, while the allocator holds only what the warm-up left, then the
 original; an out-of-memory on the GPU is reported as "does not fit", not raised.
 """
@@ -13,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.gating import GatingReport, check_gating, executed_partitions
 from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
 from rewriter.plan import PlanParams
@@ -21,10 +24,10 @@ from simulator import BFCModel, Graph, SimResult, SwapPlan, compile_program, sim
 __all__ = [
     "Run",
     "Verification",
-    "executed_swap_ops",
     "limit_gpu_memory",
     "plan_for",
     "rewrite_captured",
+    "use_two_cpus",
     "verify_captured",
 ]
 
@@ -51,6 +54,8 @@ class Verification:
     swap_ops: int
     executed: dict[str, str] = field(default_factory=dict)
     steps: int = 1
+    gating: GatingReport | None = None
+    dry_run: bool = False
 
     @property
     def place(self) -> str:
@@ -82,7 +87,16 @@ class Verification:
             "swap_ops_executed": len(self.executed),
             "pinned_order": True,
             "params": dict(self.plan.params),
+            "gating": self.gating.to_dict() if self.gating else None,
+            "gating_on": self.gating_place,
         }
+
+    @property
+    def gating_place(self) -> str | None:
+        """Where the swap-ins' gating was checked, for a sentence (None: not checked)."""
+        if self.gating is None:
+            return None
+        return "two logical CPUs (dry run, no GPU used)" if self.dry_run else self.device
 
 
 def limit_gpu_memory(nbytes: int) -> bool:
@@ -127,9 +141,12 @@ def rewrite_captured(captured: Captured, plan: PlanParams | SwapPlan, **options:
 
 
 def verify_captured(
-    captured: Captured, plan: PlanParams | SwapPlan, *, steps: int = 3
+    captured: Captured, plan: PlanParams | SwapPlan, *, steps: int = 3, dry_run: bool = False
 ) -> Verification:
-    """Run the tuned and the original step `steps` times after a warm-up each; compare."""
+    """Run the tuned and the original step `steps` times after a warm-up each; compare. On a
+    GPU, check that every swap-in waits for its trigger (`autotune.gating`); on the CPU with
+    `dry_run`, check the same on the GPU form of the step run on two logical CPUs
+    (`use_two_cpus` must have run before TensorFlow started)."""
     import tensorflow as tf
 
     from autotune.measure import _check_setup, current_device, example_tensors
@@ -140,7 +157,17 @@ def verify_captured(
     tuned = rewrite_captured(captured, plan, pin_order=True)
     inputs = example_tensors(captured.specs)
     device = current_device()
-    executed = _first_call(tuned, inputs)
+    executed, gating = _first_call(tuned, inputs)
+    if dry_run and device != "GPU:0":
+        dry = apply_plan(
+            captured,
+            tuned.plan,
+            mode="device",
+            compute_device="/device:CPU:0",
+            host_device="/device:CPU:1",
+            pin_order=True,
+        )
+        gating = check_gating(dry, executed_partitions(dry, *inputs), inputs)
     tuned_run = _run(tuned, inputs, device, steps)
     base_run = _run(captured.concrete_function, inputs, device, steps)
     on_cpu = device == "CPU:0"  # the CPU's BFC grows regions (a GPU's holds one); its kernels
@@ -158,6 +185,8 @@ def verify_captured(
         len(tuned.swap_ops),
         executed,
         steps,
+        gating,
+        dry_run and device != "GPU:0",
     )
 
 
@@ -166,15 +195,18 @@ def _predict(graph: Graph, plan: SwapPlan, allocator: BFCModel, on_cpu: bool) ->
     return simulate_plan(compile_program(graph), graph, plan, allocator=allocator).memory
 
 
-def _first_call(tuned: TunedStep, inputs: list[Any]) -> dict[str, str]:
+def _first_call(tuned: TunedStep, inputs: list[Any]) -> tuple[dict[str, str], GatingReport | None]:
     """Run the tuned step for the first time, reading which swap ops TensorFlow executed (the
-    executed graphs are reported only when the function is first run)."""
+    executed graphs are reported only when the function is first run) and, in device mode,
+    whether its swap-ins wait for their triggers."""
     import tensorflow as tf
 
     try:
-        return executed_swap_ops(tuned, *inputs)
+        partitions = executed_partitions(tuned, *inputs)
+        gating = check_gating(tuned, partitions, inputs) if tuned.mode == "device" else None
     except tf.errors.ResourceExhaustedError:
-        return {}
+        return {}, None
+    return _swap_op_devices(tuned, partitions), gating
 
 
 def _run(fn: Any, inputs: list[Any], device: str, steps: int) -> Run:
@@ -196,24 +228,24 @@ def _run(fn: Any, inputs: list[Any], device: str, steps: int) -> Run:
     return Run(int(statistics.median(peaks)), statistics.median(seconds))
 
 
-def executed_swap_ops(tuned: TunedStep, *inputs: Any) -> dict[str, str]:
-    """The tuned step's swap ops found in the partition graphs TensorFlow executed, with the
-    device each ran on: proof that the graph optimizer kept them, read from run metadata.
-    Call it on the step's first run: later runs report no graphs."""
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    ctx.enable_run_metadata()
-    try:
-        tuned(*inputs)
-        metadata = ctx.export_run_metadata()
-    finally:
-        ctx.disable_run_metadata()
+def _swap_op_devices(tuned: TunedStep, partitions: list[Any]) -> dict[str, str]:
     wanted = set(tuned.swap_ops)
-    found = {}
-    for fg in metadata.function_graphs:
-        for pg in fg.partition_graphs:
-            for node in pg.node:
-                if node.name in wanted:
-                    found[node.name] = node.device
-    return found
+    return {n.name: n.device for pg in partitions for n in pg.node if n.name in wanted}
+
+
+def use_two_cpus() -> None:
+    """Split the CPU into two logical devices, CPU:0 to compute and CPU:1 as the host, for a
+    dry run of the GPU form of a tuned step. Call before TensorFlow initializes its devices."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    if len(tf.config.get_logical_device_configuration(cpu) or ()) == 2:
+        return
+    config = [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
+    try:
+        tf.config.set_logical_device_configuration(cpu, config)
+    except RuntimeError as err:
+        raise RuntimeError(
+            "two logical CPUs must be set up before TensorFlow initializes its devices: "
+            "call autotune.use_two_cpus() first"
+        ) from err

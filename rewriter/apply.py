@@ -1,23 +1,25 @@
 """Apply a swap plan to the real TensorFlow graph and hand back a tuned step.
 
 The captured function's GraphDef is imported into a `wrap_function` graph with every captured
-variable handle mapped in; for each swapped tensor a swap-out op is added on the host, swap-in
-ops on the compute device with a control dependency on their trigger, and the plan's readers
-are rerouted to the swap-ins; the plan's order edges become control edges. Swap ops carry
-`_grappler_do_not_remove`, so TensorFlow's graph optimizer keeps them (it removed plain
-Identity swap ops before, see REFERENCE.md).
+variable handle mapped in; for each swapped tensor a swap-out op is added, swap-in ops with a
+control dependency on their trigger, and the plan's readers are rerouted to the swap-ins; the
+plan's order edges become control edges. Swap ops carry `_grappler_do_not_remove`, so
+TensorFlow's graph optimizer keeps them (it removes plain Identity swap ops otherwise).
 
-Two modes. `device`: swap ops are Identity ops placed on the host and compute devices (a GPU
-and its host, or two logical CPUs in tests). `emulated`: the swap-out copies the tensor into a
-Python-side store and returns a token, the swap-in copies it back, so swapped tensors live
-outside TensorFlow's allocator and its peak shows the device-side saving on a CPU-only machine.
+Two modes. `device`: swap-out and swap-in are Identity ops on the host device, the trigger's
+control edge on the host-side swap-in, as IBM's TFLMS v2 did. The compute device then receives
+the tensor only when the host sends it, after the trigger ran: a swap-in placed on the compute
+device would not wait, since TensorFlow starts a cross-device receive with the step and copies
+on arrival (docs/gpu.md). `emulated`: the swap-out copies the tensor into a Python-side store
+and returns a token, the swap-in copies it back, so swapped tensors live outside TensorFlow's
+allocator and its peak shows the device-side saving on a CPU-only machine.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
@@ -49,12 +51,24 @@ class TunedStep:
     swap_ops: tuple[str, ...]
     structured_outputs: Any
     variables: list[Any]
+    triggers: dict[str, str] = field(default_factory=dict)
+    devices: tuple[str | None, str | None] = (None, None)
 
     def __call__(self, *args: Any) -> Any:
         import tensorflow as tf
 
         flat = self.function(*args)
         return tf.nest.pack_sequence_as(self.structured_outputs, flat)
+
+    @property
+    def compute_device(self) -> str | None:
+        """The device the step computes on in device mode (None: TensorFlow's default)."""
+        return self.devices[0]
+
+    @property
+    def host_device(self) -> str | None:
+        """The device that holds swapped tensors in device mode (None when emulated)."""
+        return self.devices[1]
 
     @property
     def graph_def(self) -> Any:
@@ -115,29 +129,79 @@ def apply_plan(
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "device":
+        compute_device, host_device = device_pair(compute_device, host_device)
     order = validate_plan(captured, plan)
     cf = captured.concrete_function
     graph_def = cf.graph.as_graph_def()
     names: list[str] = []
+    triggers: dict[str, str] = {}
 
     def body(*inputs: Any) -> Any:
         g = tf.compat.v1.get_default_graph()
-        out, fed = import_step(cf, graph_def, inputs)
+        with _on(compute_device if mode == "device" else None):
+            out, fed = import_step(cf, graph_def, inputs)
         for before, later in plan.order_edges:
             g.get_operation_by_name(later)._add_control_input(g.get_operation_by_name(before))
-        after = _insert_swaps(g, plan, mode, compute_device, host_device)
+        after = _insert_swaps(g, plan, mode, host_device)
         names.extend(op.name for ops in after.values() for op in ops)
+        triggers.update(_triggers(after, plan))
         if pin_order:
             _pin(g, order.ops, after, fed)
         return out
 
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))
-    return TunedStep(function, plan, mode, tuple(names), cf.structured_outputs, captured.variables)
+    devices = (compute_device, host_device) if mode == "device" else (None, None)
+    outputs, variables = cf.structured_outputs, captured.variables
+    return TunedStep(function, plan, mode, tuple(names), outputs, variables, triggers, devices)
 
 
-def _insert_swaps(
-    g: Any, plan: SwapPlan, mode: str, compute_device: str | None, host_device: str
-) -> dict[str, list[Any]]:
+def device_pair(compute: str | None, host: str) -> tuple[str, str]:
+    """The compute and host devices of device mode, checked against the devices TensorFlow
+    sees: both must exist and differ (a swap to the same device saves nothing)."""
+    import tensorflow as tf
+
+    visible = {_canonical(d.name) for d in tf.config.list_logical_devices()}
+    if compute is None:
+        gpus = [d for d in sorted(visible) if "GPU" in d]
+        if not gpus:
+            raise ValueError(
+                "device mode needs a compute device: no GPU is visible; for a dry run on two "
+                "logical CPUs give compute_device='/device:CPU:0', host_device='/device:CPU:1'"
+            )
+        compute = gpus[0]
+    compute, host = _canonical(compute), _canonical(host)
+    for what, name in (("compute", compute), ("host", host)):
+        if name not in visible:
+            raise ValueError(
+                f"{what} device {name} is not visible to TensorFlow (it sees "
+                f"{', '.join(sorted(visible))}); two logical CPUs must be configured before "
+                "TensorFlow starts (autotune.use_two_cpus())"
+            )
+    if compute == host:
+        raise ValueError(f"compute and host device are both {compute}: nothing would be swapped")
+    return compute, host
+
+
+def _canonical(name: str) -> str:
+    """A device name in one spelling: /device:GPU:0 for GPU:0, /GPU:0 or /device:GPU:0."""
+    kind, _, index = name.rsplit("/", 1)[-1].removeprefix("device:").partition(":")
+    return f"/device:{kind.upper()}:{index or 0}"
+
+
+def _triggers(after: dict[str, list[Any]], plan: SwapPlan) -> dict[str, str]:
+    """Each swap-in op's name with the name of the op that triggers it."""
+    wanted = {s.trigger for swap in plan.swaps for s in swap.swap_ins}
+    return {
+        op.name: trigger
+        for trigger, ops in after.items()
+        if trigger in wanted
+        for op in ops
+        if op.name.startswith("swap_in/")
+    }
+
+
+def _insert_swaps(g: Any, plan: SwapPlan, mode: str, host_device: str) -> dict[str, list[Any]]:
     """Add the swap ops of `plan` to the imported graph `g` and reroute the readers; return
     the swap ops by the op they follow (a swap-out its producer, a swap-in its trigger)."""
     import tensorflow as tf
@@ -154,8 +218,10 @@ def _insert_swaps(
             reader._add_control_input(stored.op)
         for k, swap_in in enumerate(swap.swap_ins):
             trigger = g.get_operation_by_name(swap_in.trigger)
-            device = compute_device if mode == "device" else None
-            with _on(device), tf.control_dependencies([trigger]):
+            # on the host: the copy back to the device is then sent only once the host-side
+            # swap-in has run after its trigger (a device-side swap-in's receive would start
+            # the copy as soon as the swap-out is sent, see docs/gpu.md)
+            with _on(host_device if mode == "device" else None), tf.control_dependencies([trigger]):
                 back = _swap_in(stored, tensor, mode, f"swap_in/{base}/{k}")
             after.setdefault(trigger.name, []).append(_keep(back))
             for reader in swap_in.consumers:

@@ -65,3 +65,22 @@ def test_limit_gpu_memory_is_a_no_op_without_a_gpu() -> None:
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("a GPU is visible: the limit applies there")
     assert limit_gpu_memory(1 << 30) is False
+
+
+def test_dry_run_checks_every_swap_in_on_two_logical_cpus() -> None:
+    from tests.autotune.cli_helpers import run_cli
+
+    args = ("verify", "--model", "tiny-cnn", "--batch-size", "16", "--steps", "1", "--dry-run")
+    out = run_cli(*args)
+    assert out.returncode == 0, out.stderr
+    if "GPU" in out.stdout.splitlines()[0]:
+        pytest.skip("a GPU is visible: gating is checked on it")
+    gating = next(line for line in out.stdout.splitlines() if line.startswith("gating"))
+    k, _, n = gating.split()[1:4]
+    assert k == n and int(n) > 0, gating
+    assert "dry run, no GPU used" in out.stdout
+    result = cli_json(*args)
+    report = result["gating"]
+    assert report["gated"] == report["swap_ins"] == len(report["gates"]) > 0
+    assert all(g["device"].endswith("device:CPU:1") for g in report["gates"])
+    assert result["gating_on"].startswith("two logical CPUs")

@@ -37,7 +37,11 @@ def _twins(model: str, params: PlanParams, mode: str = "emulated", pin: bool = F
     cap_a = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=BATCH[model])
     cap_b = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=BATCH[model])
     plan = Engine.build(cap_b.graph).evaluate(params, allocator=False, timed=False).plan
-    return (a, cap_a), (b, cap_b), apply_plan(cap_b, plan, mode=mode, pin_order=pin)
+    devices = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
+    tuned = apply_plan(
+        cap_b, plan, mode=mode, pin_order=pin, **(devices if mode == "device" else {})
+    )
+    return (a, cap_a), (b, cap_b), tuned
 
 
 _POOLINGS = ("MaxPool", "MaxPool3D")
@@ -55,8 +59,10 @@ def _exact(params: PlanParams) -> PlanParams:
     return dataclasses.replace(params, exclude_types=(*params.exclude_types, *_POOLINGS))
 
 
-def _assert_same_step(model: str, params: PlanParams, exact: bool = True) -> None:
-    (a, cap_a), (b, _), tuned = _twins(model, _exact(params) if exact else params)
+def _assert_same_step(
+    model: str, params: PlanParams, exact: bool = True, mode: str = "emulated"
+) -> None:
+    (a, cap_a), (b, _), tuned = _twins(model, _exact(params) if exact else params, mode)
     inputs = example_tensors(cap_a.specs, seed=7)
     loss_a, loss_b = cap_a.concrete_function(*inputs), tuned(*inputs)
     assert np.array_equal(loss_a.numpy(), loss_b.numpy())
@@ -86,6 +92,11 @@ def _assert_same_step(model: str, params: PlanParams, exact: bool = True) -> Non
 )
 def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanParams) -> None:
     _assert_same_step(model, params)
+
+
+@pytest.mark.parametrize("model", EXACT)
+def test_the_gpu_form_on_two_logical_cpus_trains_bitwise_like_the_original(model: str) -> None:
+    _assert_same_step(model, PlanParams(), mode="device")
 
 
 def test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only() -> None:
@@ -194,3 +205,16 @@ def test_plan_naming_missing_things_is_rejected(bad: str) -> None:
         swap, needle = dataclasses.replace(real, swap_ins=(swap_in,)), "missing from the graph"
     with pytest.raises(InvalidPlan, match=needle):
         apply_plan(cap, SwapPlan((swap,)))
+
+
+def test_device_mode_names_the_devices_it_needs() -> None:
+    from rewriter.apply import device_pair
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is visible: it is the default compute device")
+    with pytest.raises(ValueError, match="no GPU is visible"):
+        device_pair(None, "/device:CPU:0")
+    with pytest.raises(ValueError, match="CPU:7 is not visible"):
+        device_pair("/device:CPU:0", "/CPU:7")
+    with pytest.raises(ValueError, match="both /device:CPU:0"):
+        device_pair("/cpu:0", "/device:CPU:0")
