@@ -143,6 +143,7 @@ class BatchSearch:
     outcome: Outcome | None
     probes: int
     seconds: float
+    limit: str = ""
 
     def summary(self) -> dict[str, Any]:
         o = self.outcome
@@ -154,6 +155,7 @@ class BatchSearch:
             "params": o.best.params.to_dict() if o and o.best else None,
             "probes": self.probes,
             "seconds": self.seconds,
+            "limited_by": self.limit,
         }
 
 
@@ -182,7 +184,7 @@ def method_at(
     if method == "ours":
         # a probe whose least-memory trial (the second) fits stops there: the warm starts
         # queued after it would never run, so they are not searched for
-        skip = first_fit and engine.evaluate(LEAST_MEMORY_ORDERED).peak_bytes <= budget.bytes
+        skip = first_fit and budget.admits(engine.evaluate(LEAST_MEMORY_ORDERED))
         starts = () if skip else warm_starts(engine, budget)
         study = in_memory_study("tpe", seed)
         return run_study(engine, budget, study, trials, starts=starts, callbacks=callbacks)
@@ -226,12 +228,24 @@ def largest_batch(
         return outcomes[batch].fits
 
     if high < low or not fits(low):
-        return BatchSearch(method, 0, None, len(outcomes), time.perf_counter() - start)
+        limit = _limit(outcomes, 0, budget) if outcomes else "the lower bound: device memory"
+        return BatchSearch(method, 0, None, len(outcomes), time.perf_counter() - start, limit)
     best = largest(fits, low, high)
     outcome = outcomes[best]
     if method in _SEARCHES and full_outcome:
         outcome = method_at(steps, method, best, budget, trials, seed)
-    return BatchSearch(method, best, outcome, len(outcomes), time.perf_counter() - start)
+    limit = _limit(outcomes, best, budget)
+    return BatchSearch(method, best, outcome, len(outcomes), time.perf_counter() - start, limit)
+
+
+def _limit(outcomes: dict[int, Outcome], best: int, budget: Budget) -> str:
+    """What kept the first batch probed above `best` from fitting: device memory, host memory
+    (the nearest plan's excess), or, when none failed there, the lower bound."""
+    failed = sorted(b for b, o in outcomes.items() if b > best and not o.fits)
+    if not failed:
+        return "the lower bound: device memory"
+    nearest = outcomes[failed[0]].shown
+    return (budget.limit(nearest) or "device memory") if nearest else "device memory"
 
 
 def largest_batches(

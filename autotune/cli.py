@@ -226,21 +226,23 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """Find the fastest swap plan that fits the GPU memory (or the largest batch), by simulation."""
     from autotune.search import Budget
     from autotune.studies import study_name
-    from autotune.tuning import fit
+    from autotune.tuning import fit, resolve_host_memory
     from autotune.zoo import resolve_model
     from simulator import get_preset
 
     if (args.batch_size is None) == (not args.max_batch):
         raise UsageError("give either --batch-size B or --max-batch")
     preset = get_preset(args.device)
-    budget = Budget(args.gpu_memory or preset.memory_bytes, args.safety_ratio)
+    host = resolve_host_memory(args.host_memory)
+    budget = Budget(args.gpu_memory or preset.memory_bytes, args.safety_ratio, host)
     batch = args.batch_size or "max"
-    name = args.study or study_name(args.model, batch, preset.name, budget.bytes)
+    name = args.study or study_name(args.model, batch, preset.name, budget.bytes, host)
     zm = resolve_model(args.model, cube=args.cube)
     tuned = fit(
         zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=args.batch_size,
         gpu_memory=budget.device_bytes, device=preset, trials=args.trials, seed=args.seed,
         storage=args.storage, study=name, out=args.out, safety_ratio=args.safety_ratio,
+        host_memory=host,
         objectives=args.objectives, max_batch=args.max_batch, progress=not args.quiet,
     )  # fmt: skip
     if args.verify:
@@ -276,10 +278,12 @@ def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> 
             f"{d['swapped_tensors']} tensors swapped"
         )
         _print_order_edges(tuple(map(tuple, d["order_edges"])))
+    _print_host(d)
     batches = batches_table(tuned)
     if batches is not None:
         print("\nlargest batch that fits, per method:")
         print(batches.to_string(index=False))
+        print(f"limited by   {d['max_batch_limited_by']} (at the next batch up, tuned)")
     print(f"\nmethods at batch {d['batch_size']}:")
     print(methods_table(tuned).to_string(index=False))
     if tuned.verification is not None:
@@ -287,6 +291,18 @@ def _print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> 
         _print_verification(tuned.verification)
     print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
     print(f"report       {report}  (study {name!r}: resume by running the same command)")
+
+
+def _print_host(d: dict[str, Any]) -> None:
+    """The plan's host peak against the host limit, and the variable to raise if needed."""
+    from autotune.host import pinned_hint
+
+    peak, limit = d["predicted_host_peak_bytes"], d["host_memory_bytes"]
+    against = f"of {_sized(limit)} allowed" if limit else "(no host limit: --host-memory)"
+    print(f"host peak    {_sized(peak)} {against}")
+    hint = pinned_hint(peak)
+    if hint:
+        print(f"             {hint}")
 
 
 def _times(value: float | None) -> str:
@@ -321,6 +337,12 @@ def _fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cube", type=_positive_int, default=None, help="edge length for 3D models")
     p.add_argument(
         "--gpu-memory", type=size_arg, help="device memory, e.g. 16GiB (default: the preset)"
+    )
+    p.add_argument(
+        "--host-memory",
+        type=size_arg,
+        help="host memory swapped tensors may take, e.g. 64GiB (default: on a GPU machine the "
+        "smaller of free RAM and TensorFlow's pinned host cap; without one, no limit)",
     )
     p.add_argument("--device", choices=sorted(PRESETS), default=DEFAULT_DEVICE, help="GPU preset")
     p.add_argument("--trials", type=_positive_int, default=DEFAULT_TRIALS, help="Optuna trials")

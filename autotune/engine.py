@@ -51,6 +51,11 @@ class Evaluation:
         return self.result.peak_bytes
 
     @property
+    def host_peak_bytes(self) -> int:
+        """Swapped tensors' bytes held on the host at once."""
+        return self.result.host_peak_bytes
+
+    @property
     def step_seconds(self) -> float | None:
         return self.result.time.step_seconds if self.result.time else None
 

@@ -55,20 +55,38 @@ ORIGINAL_TRIGGER_WINDOW = 10
 
 @dataclass(frozen=True)
 class Budget:
-    """The device memory the user named and the share of it a predicted peak may use."""
+    """The device memory the user named and the share of it a predicted peak may use, and
+    the host memory swapped tensors may take (None: no limit)."""
 
     device_bytes: int
     ratio: float = DEFAULT_SAFETY_RATIO
+    host_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.device_bytes <= 0:
             raise ValueError(f"device memory must be positive, got {self.device_bytes} B")
         if not 0 < self.ratio <= 1:
             raise ValueError(f"safety ratio must be in (0, 1], got {self.ratio}")
+        if self.host_bytes is not None and self.host_bytes <= 0:
+            raise ValueError(f"host memory must be positive, got {self.host_bytes} B")
 
     @property
     def bytes(self) -> int:
         return int(self.device_bytes * self.ratio)
+
+    def excess(self, ev: Evaluation) -> tuple[float, float]:
+        """Bytes by which `ev` exceeds the device budget and the host limit (<= 0: within)."""
+        host = -1.0 if self.host_bytes is None else float(ev.host_peak_bytes - self.host_bytes)
+        return float(ev.peak_bytes - self.bytes), host
+
+    def admits(self, ev: Evaluation) -> bool:
+        """True when `ev`'s predicted peaks fit both the device budget and the host limit."""
+        return max(self.excess(ev)) <= 0
+
+    def limit(self, ev: Evaluation) -> str:
+        """What keeps `ev` from fitting: 'device memory', 'host memory', both, or ''."""
+        over = [w for w, x in zip(("device memory", "host memory"), self.excess(ev)) if x > 0]
+        return " and ".join(over)
 
 
 #: The plan that saves the most memory, with order edges: ours' second warm start.
@@ -177,15 +195,17 @@ def single_plan(engine: Engine, params: PlanParams, budget: Budget, method: str)
     """One fixed set of parameters (no swapping, or the original defaults) judged alike."""
     start = time.perf_counter()
     ev = engine.evaluate(params)
-    fits = ev.peak_bytes <= budget.bytes
+    fits = budget.admits(ev)
     return Outcome(method, ev if fits else None, 1, time.perf_counter() - start, None, ev)
 
 
 def _record(trial: Any, ev: Evaluation, budget: Budget) -> None:
-    over = float(ev.peak_bytes - budget.bytes)
+    over, host_over = budget.excess(ev)
     trial.set_constraint("peak_over_budget_bytes", over)
-    trial.set_user_attr("constraint", [over])
+    trial.set_constraint("host_peak_over_limit_bytes", host_over)
+    trial.set_user_attr("constraint", [over, host_over])
     trial.set_user_attr("peak_bytes", ev.peak_bytes)
+    trial.set_user_attr("host_peak_bytes", ev.host_peak_bytes)
     trial.set_user_attr("step_seconds", ev.step_seconds)
     trial.set_user_attr("overhead", ev.overhead)
     trial.set_user_attr("swapped_tensors", len(ev.plan.swaps))
@@ -233,7 +253,7 @@ def best_feasible(engine: Engine, study: Any) -> Evaluation | None:
     import optuna
 
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    ok = [t for t in done if _constraints(t)[0] <= 0]
+    ok = [t for t in done if max(_constraints(t)) <= 0]
     if not ok:
         return None
     best = min(ok, key=lambda t: (t.user_attrs["step_seconds"] or 0, t.user_attrs["peak_bytes"]))
@@ -319,7 +339,7 @@ def random_search(
 def stop_when_fits(study: Any, trial: Any) -> None:
     """An Optuna callback that stops the study at its first trial that fits the budget: enough
     to tell whether a batch fits (the seeded trials before it are the same as in a full run)."""
-    if trial.state.name == "COMPLETE" and _constraints(trial)[0] <= 0:
+    if trial.state.name == "COMPLETE" and max(_constraints(trial)) <= 0:
         study.stop()
 
 
@@ -334,11 +354,11 @@ def original_autotuner(engine: Engine, budget: Budget) -> Outcome:
     def fits(threshold: int, ahead: int, groupby: int) -> bool:
         count[0] += 1
         params = _original_params(threshold, ahead, groupby)
-        return engine.evaluate(params, timed=False).peak_bytes <= budget.bytes
+        return budget.admits(engine.evaluate(params, timed=False))
 
     chosen = _original_search(fits, levels)
     ev = engine.evaluate(_original_params(*(chosen or (1, 1, 0))))
-    best = ev if chosen is not None and ev.peak_bytes <= budget.bytes else None
+    best = ev if chosen is not None and budget.admits(ev) else None
     seconds = time.perf_counter() - start
     return Outcome("original auto-tuner", best, count[0] + 1, seconds, None, ev)
 

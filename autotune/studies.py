@@ -29,10 +29,13 @@ def default_storage(out: Path) -> str:
     return f"sqlite:///{(out / 'study.db').resolve()}"
 
 
-def study_name(model: str, batch: int | str, device: str, budget_bytes: int) -> str:
-    """A name that changes whenever the search space or the budget does."""
+def study_name(
+    model: str, batch: int | str, device: str, budget_bytes: int, host_bytes: int | None = None
+) -> str:
+    """A name that changes whenever the search space or the budget (device or host) does."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name)
-    return f"{base}-b{batch}-{device}-{budget_bytes}B"
+    host = f"-host{host_bytes}B" if host_bytes is not None else ""
+    return f"{base}-b{batch}-{device}-{budget_bytes}B{host}"
 
 
 #: Workers that open a new database together race to create its tables; the loser of the race

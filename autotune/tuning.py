@@ -26,7 +26,14 @@ from rewriter.capture import Captured
 from rewriter.plan import PlanParams
 from simulator import DevicePreset, SwapPlan, get_preset
 
-__all__ = ["BudgetError", "NoFitError", "TunedGraph", "fit", "tune_captured"]
+__all__ = [
+    "BudgetError",
+    "NoFitError",
+    "TunedGraph",
+    "fit",
+    "resolve_host_memory",
+    "tune_captured",
+]
 
 DEFAULT_DEVICE = "v100-16gb-nvlink2"
 DEFAULT_TRIALS = 50
@@ -62,21 +69,28 @@ class TunedGraph:
 
     @property
     def fits_without_swapping(self) -> bool:
-        return self.baseline.peak_bytes <= self.budget.bytes
+        return self.budget.admits(self.baseline)
 
     @property
     def fits(self) -> bool:
-        return self.evaluation.peak_bytes <= self.budget.bytes
+        return self.budget.admits(self.evaluation)
 
     def check_fits(self) -> TunedGraph:
         """Self, or NoFitError in the form: target, achieved, original (GiB and bytes)."""
-        if not self.fits:
+        if self.fits:
+            return self
+        host = self.budget.host_bytes
+        if self.evaluation.peak_bytes <= self.budget.bytes and host is not None:
             raise NoFitError(
-                f"no plan found fits: best peak {_sized(self.predicted_peak_bytes)} exceeds the "
-                f"budget {_sized(self.budget.bytes)}, from {_sized(self.baseline.peak_bytes)} "
-                "without swapping; the trials are kept: resume with more trials or a larger budget"
+                f"no plan found fits: the best that fits the device needs "
+                f"{_sized(self.evaluation.host_peak_bytes)} of host memory, over the limit "
+                f"{_sized(host)}: give more with --host-memory (host_memory=); the trials are kept"
             )
-        return self
+        raise NoFitError(
+            f"no plan found fits: best peak {_sized(self.predicted_peak_bytes)} exceeds the "
+            f"budget {_sized(self.budget.bytes)}, from {_sized(self.baseline.peak_bytes)} "
+            "without swapping; the trials are kept: resume with more trials or a larger budget"
+        )
 
     @property
     def params(self) -> PlanParams:
@@ -135,7 +149,8 @@ class TunedGraph:
             "swapped_bytes": self.plan.swapped_bytes,
             "order_edges": [list(e) for e in self.plan.order_edges],
             "predicted_peak_bytes": self.predicted_peak_bytes,
-            "predicted_host_peak_bytes": self.evaluation.result.host_peak_bytes,
+            "predicted_host_peak_bytes": self.evaluation.host_peak_bytes,
+            "host_memory_bytes": self.budget.host_bytes,
             "predicted_step_seconds": self.predicted_step_seconds,
             "predicted_overhead": self.predicted_overhead,
             "baseline_peak_bytes": self.baseline.peak_bytes,
@@ -153,6 +168,7 @@ class TunedGraph:
         if self.batches is not None:
             out["max_batch_no_swap"] = self.batches["no swapping"].batch
             out["max_batch_tuned"] = self.batches["ours"].batch
+            out["max_batch_limited_by"] = self.batches["ours"].limit
             out["baselines"] = {k: b.summary() for k, b in self.batches.items() if k != "ours"}
         return out
 
@@ -218,7 +234,7 @@ def tune_captured(
     baseline = engine.evaluate(PlanParams(n_tensors=0))
     outcomes: dict[str, Outcome] = {}
     study = None
-    if baseline.peak_bytes <= budget.bytes:
+    if budget.admits(baseline):
         best = baseline
     else:
         outcomes = _baselines(engine, budget, trials, seed)
@@ -274,6 +290,7 @@ def fit(
     study: str | None = None,
     out: str | Path = "autotune-out",
     safety_ratio: float = DEFAULT_SAFETY_RATIO,
+    host_memory: int | str | None = None,
     objectives: int = 1,
     max_batch: bool = False,
     progress: bool = False,
@@ -283,7 +300,9 @@ def fit(
     input_shape: tuple[int, ...] | None = None,
 ) -> TunedGraph:
     """Find the fastest swap plan whose predicted peak fits `gpu_memory` x `safety_ratio` on
-    `device` (a preset name; `gpu_memory` defaults to its memory) and return the tuned step.
+    `device` (a preset name; `gpu_memory` defaults to its memory) and whose swapped tensors
+    fit `host_memory` on the host (default: on a GPU machine the smaller of free RAM and
+    TensorFlow's pinned host cap, else no limit), and return the tuned step.
 
     `step_or_model` is a tf.function with example args (tensors or TensorSpecs), or a Keras
     model with `loss=`, `optimizer=` and `batch_size=`. The study is stored in `storage` (an
@@ -293,7 +312,7 @@ def fit(
     """
     _check_options(trials, objectives)
     preset = get_preset(device) if isinstance(device, str) else device
-    budget = Budget(_memory(gpu_memory, preset), safety_ratio)
+    budget = Budget(_memory(gpu_memory, preset), safety_ratio, resolve_host_memory(host_memory))
     capture_at = _capturer(step_or_model, example_args, loss, optimizer, batch_size, input_shape)
     bars = Progress(progress)
     url = storage or default_storage(Path(out))
@@ -307,7 +326,9 @@ def fit(
     bars.stage("estimating op costs")
     batch = _leading_dim(captured.specs)
     engine = _engine(captured, preset)
-    name = study or study_name(_model_name(step_or_model), batch or "x", preset.name, budget.bytes)
+    name = study or study_name(
+        _model_name(step_or_model), batch or "x", preset.name, budget.bytes, budget.host_bytes
+    )
     bars.stage("baselines")
     tuned = tune_captured(
         captured, engine, budget, trials=trials, seed=seed, storage=url, name=name,
@@ -329,6 +350,18 @@ def _memory(gpu_memory: int | str | None, preset: DevicePreset) -> int:
     if gpu_memory is None:
         return preset.memory_bytes
     return parse_size(gpu_memory) if isinstance(gpu_memory, str) else int(gpu_memory)
+
+
+def resolve_host_memory(host_memory: int | str | None) -> int | None:
+    """The host limit given, or the default for this machine (see autotune.host)."""
+    from autotune.host import default_host_memory
+    from autotune.units import parse_size
+
+    if host_memory is not None:
+        return parse_size(host_memory) if isinstance(host_memory, str) else int(host_memory)
+    import tensorflow as tf
+
+    return default_host_memory(bool(tf.config.list_physical_devices("GPU")))
 
 
 def _engine(captured: Captured, preset: DevicePreset) -> Engine:
@@ -405,7 +438,7 @@ def _fit_max_batch(
     bars.stage(f"tracing at batch {best}")
     captured = capture_at(best)
     engine = steps.engine(best)
-    name = study or study_name("step", f"max{best}", preset.name, budget.bytes)
+    name = study or study_name("step", f"max{best}", preset.name, budget.bytes, budget.host_bytes)
     tuned = tune_captured(
         captured, engine, budget, name=name, batch_size=best, progress=bars, **opts
     )

@@ -65,3 +65,22 @@ def test_largest_batches_are_tight_and_ordered(steps: StepFamily) -> None:
     assert found["ours"].batch > n
     warm = (found["original defaults"].batch, found["original auto-tuner"].batch)
     assert found["ours"].batch >= max(warm)
+
+
+def test_a_host_limit_lowers_the_largest_batch_and_is_named_as_the_limit(
+    steps: StepFamily,
+) -> None:
+    methods = ("no swapping", "ours")
+    free = largest_batches(steps, Budget(80 << 20, 0.95), trials=12, seed=0, methods=methods)
+    best = free["ours"].outcome.best if free["ours"].outcome else None
+    assert best is not None and best.host_peak_bytes > 0
+    assert "device memory" in free["ours"].limit
+    host = best.host_peak_bytes // 2
+    limited = largest_batches(
+        steps, Budget(80 << 20, 0.95, host), trials=12, seed=0, methods=methods
+    )
+    ours = limited["ours"]
+    assert free["no swapping"].batch <= ours.batch < free["ours"].batch
+    assert ours.limit == "host memory"
+    assert ours.outcome is not None and ours.outcome.best is not None
+    assert ours.outcome.best.host_peak_bytes <= host

@@ -209,3 +209,23 @@ def test_two_workers_on_one_study_finish_the_trials_together(tmp_path: Path) -> 
     assert 30 <= len(done) <= 31  # each stops once 30 are done; one may finish a last trial
     assert [n for n, _ in done] == list(range(len(done)))  # none lost, none duplicated
     assert set(states(db)) == {"COMPLETE"}
+
+
+def test_fit_max_batch_keeps_the_host_peak_within_host_memory(tmp_path: Path) -> None:
+    args = ("fit", *TINY, "--max-batch", "--trials", "8")
+    free = cli_json(*args, "--out", str(tmp_path / "free"))
+    assert free["host_memory_bytes"] is None  # no GPU here: no default limit, but reported
+    assert free["predicted_host_peak_bytes"] > 0
+    assert "device memory" in free["max_batch_limited_by"]
+    host = free["predicted_host_peak_bytes"] // 2
+    out = cli_json(*args, "--host-memory", str(host), "--out", str(tmp_path / "limited"))
+    assert out["host_memory_bytes"] == host
+    assert out["predicted_host_peak_bytes"] <= host
+    assert out["max_batch_limited_by"] == "host memory"
+    assert out["max_batch_tuned"] < free["max_batch_tuned"]
+    text = run_cli(*args, "--host-memory", str(host), "--out", str(tmp_path / "limited")).stdout
+    assert "host peak" in text and "limited by   host memory" in text
+
+
+def test_fit_refuses_a_host_memory_that_is_no_size() -> None:
+    one_line_error(run_cli("fit", *TINY, "--max-batch", "--host-memory", "lots"), "host-memory")

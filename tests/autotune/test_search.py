@@ -218,3 +218,29 @@ def test_a_cost_model_that_gives_no_time_leaves_the_time_model_off() -> None:
     engine = Engine.build(g, device=preset, cost={n: 0.0 for n in g.ops})
     ev = engine.evaluate(PlanParams())
     assert engine.timeline is None and ev.step_seconds is None and ev.overhead is None
+
+
+def test_budget_rejects_a_host_limit_that_is_not_positive() -> None:
+    with pytest.raises(ValueError, match="host memory"):
+        Budget(1 << 30, 0.9, 0)
+
+
+@pytest.mark.tf
+def test_a_host_limit_makes_plans_that_swap_too_much_infeasible(engine) -> None:  # type: ignore[no-untyped-def]
+    # the least-memory plan fits the device, but keeps more on the host than allowed
+    least = engine.evaluate(PlanParams(ub=1, sync_out=True))
+    top = engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
+    budget = Budget((least.peak_bytes + top) // 2, 1.0)
+    host = least.host_peak_bytes // 2
+    limited = Budget(budget.device_bytes, 1.0, host)
+    assert budget.admits(least) and not limited.admits(least)
+    assert limited.limit(least) == "host memory"
+    out = run_study(engine, limited, in_memory_study("tpe", 3), 30)
+    assert out.best is not None, "some plan swaps little enough to fit both"
+    assert out.best.peak_bytes <= limited.bytes and out.best.host_peak_bytes <= host
+    for t in out.study.trials:
+        feasible = t.user_attrs["host_peak_bytes"] <= host
+        feasible = feasible and t.user_attrs["peak_bytes"] <= limited.bytes
+        assert (max(t.user_attrs["constraint"]) <= 0) == feasible
+    unlimited = run_study(engine, budget, in_memory_study("tpe", 3), 30)
+    assert unlimited.best is not None and unlimited.best.host_peak_bytes > 0
