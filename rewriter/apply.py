@@ -142,7 +142,7 @@ def apply_plan(
         with _on(compute_device if mode == "device" else None):
             out, fed = import_step(cf, graph_def, inputs)
         for before, later in plan.order_edges:
-            g.get_operation_by_name(later)._add_control_input(g.get_operation_by_name(before))
+            _wait(g.get_operation_by_name(later), g.get_operation_by_name(before))
         after = _insert_swaps(g, plan, mode, host_device)
         names.extend(op.name for ops in after.values() for op in ops)
         triggers.update(_triggers(after, plan))
@@ -215,7 +215,7 @@ def _insert_swaps(g: Any, plan: SwapPlan, mode: str, host_device: str) -> dict[s
             stored = _swap_out(tensor, mode, len(swap.swap_ins), f"swap_out/{base}")
         after.setdefault(tensor.op.name, []).append(_keep(stored))
         for reader in forward if swap.sync else ():
-            reader._add_control_input(stored.op)
+            _wait(reader, stored.op)
         for k, swap_in in enumerate(swap.swap_ins):
             trigger = g.get_operation_by_name(swap_in.trigger)
             # on the host: the copy back to the device is then sent only once the host-side
@@ -234,13 +234,38 @@ def _pin(g: Any, schedule: tuple[str, ...], after: dict[str, list[Any]], fed: se
     placeholders that were fed are left out (they no longer run). Without the swap ops in the
     chain, TensorFlow's executor defers them until the chain stalls."""
     chain = []
+    folded: set[str] = set()
     for name in schedule:
         op = g.get_operation_by_name(name)
-        if not any(t.name in fed for t in op.outputs):
+        if _foldable(op, folded):
+            folded.add(name)
+        elif not any(t.name in fed for t in op.outputs):
             chain.append(op)
         chain.extend(after.get(name, ()))
     for before, nxt in zip(chain, chain[1:]):
-        nxt._add_control_input(before)
+        _wait(nxt, before)
+
+
+def _wait(op: Any, before: Any) -> None:
+    """Make `op` wait for `before` with a control edge. A Pow with a constant exponent gets it
+    through the exponent: Grappler's arithmetic optimizer turns x**3 on a CPU into x * x**2 by
+    copying the Pow and dropping its last input, taken to be the exponent, so a control input
+    on the Pow made the copy a one-input Square with two inputs and the whole function ran
+    unoptimized (`ConvertPow__inner_Pow ... does not exist`)."""
+    exponent = op.inputs[1].op if op.type == "Pow" else None
+    target = exponent if exponent is not None and exponent.type == "Const" else op
+    target._add_control_input(before)
+
+
+def _foldable(op: Any, folded: set[str]) -> bool:
+    """True for an op Grappler's constant folding replaces by a constant: a Const, a shape
+    query of a static shape, or a stateless op of such inputs only."""
+    from rewriter.opsemantics import SHAPE_ONLY
+
+    if op.type == "Const" or op.type in SHAPE_ONLY:
+        return True
+    stateful = op._is_stateful or op.type in ("Placeholder", "VarHandleOp")
+    return bool(op.inputs) and not stateful and all(t.op.name in folded for t in op.inputs)
 
 
 def _on(device: str | None) -> Any:
