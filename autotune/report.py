@@ -240,15 +240,20 @@ def _facts(tuned: TunedGraph) -> list[str]:
         f"- no swapping: peak {format_bytes(d['baseline_peak_bytes'])}",
         f"- tuned: peak {format_bytes(d['predicted_peak_bytes'])}, "
         f"{d['swapped_tensors']} tensors swapped, overhead {_x(d['predicted_overhead'])}",
-        f"- host peak: {format_bytes(d['predicted_host_peak_bytes'])} of "
-        + (format_bytes(d["host_memory_bytes"]) if d["host_memory_bytes"] else "no limit")
-        + " allowed",
-        *([f"- largest batch limited by {d['max_batch_limited_by']}"] if tuned.batches else []),
+        *_host_facts(d),
         f"- parameters: `{json.dumps(_short(d['params']))}`",
         *(f"- order edge: `{after}` waits for `{before}`" for before, after in d["order_edges"]),
         f"- tuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s, "
         f"{d['trials']} trials",
     ]
+
+
+def _host_facts(d: dict[str, Any]) -> list[str]:
+    """The host peak against the host limit, and what limited the largest batch."""
+    limit, by = d.get("host_memory_bytes"), d.get("max_batch_limited_by")
+    allowed = format_bytes(limit) if limit else "no limit"
+    facts = [f"- host peak: {format_bytes(d['predicted_host_peak_bytes'])} of {allowed} allowed"]
+    return facts + ([f"- largest batch limited by {by}"] if by else [])
 
 
 def _x(value: float | None) -> str:
