@@ -26,7 +26,42 @@ def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
     cf = captured.concrete_function
     config = context.context().config
     optimized = tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False)
+    _retype_for_import(optimized)
     return graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
+
+
+def _retype_for_import(graph_def: Any) -> None:
+    """Make bfloat16 read half throughout the graph when an op in it is registered without
+    bfloat16, so that the graph imports. Grappler fuses kernels the runtime has in bfloat16
+    (oneDNN's `_FusedConv2D` under `mixed_bfloat16`) while the op's registered signature allows
+    only half, float and double, which the importer checks (inputs included, hence every op).
+    Half has bfloat16's size, so every tensor keeps its bytes; only dtype names read half."""
+    from tensorflow.core.framework import types_pb2
+
+    bf16, half = types_pb2.DT_BFLOAT16, types_pb2.DT_HALF
+    if not any(_refuses(node, bf16) for node in graph_def.node):
+        return
+    for node in graph_def.node:
+        for value in node.attr.values():
+            if value.type == bf16:
+                value.type = half
+            if bf16 in value.list.type:
+                value.list.type[:] = [half if t == bf16 else t for t in value.list.type]
+            if value.tensor.dtype == bf16:
+                value.tensor.dtype = half
+
+
+def _refuses(node: Any, dtype: int) -> bool:
+    """True when `node` has `dtype` for a type attribute its registered op does not allow."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(node.op)
+    for attr in op_def.attr if op_def else ():
+        allowed = attr.allowed_values.list.type
+        given = node.attr[attr.name].type if attr.name in node.attr else None
+        if attr.type == "type" and given == dtype and allowed and dtype not in allowed:
+            return True
+    return False
 
 
 def _meta_graph(cf: Any, device: str) -> Any:
