@@ -19,6 +19,7 @@ simulation, see REFERENCE.md), and random search with as many trials.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -240,12 +241,42 @@ def make_objective(
 
 
 def sampler(kind: str, seed: int, objectives: int = 1) -> Any:
-    """A seeded sampler that knows the constraint: TPE for ours, uniform for random search."""
+    """A sampler seeded per trial: TPE for ours, uniform for random search.
+
+    Its random state is set from `seed` and the trial's number before each trial, so a study
+    proposes the same plans whether it is kept in memory or in a database, a resumed study
+    does not repeat its first proposals, and workers sharing one study (the database numbers
+    their trials) explore different points."""
     import optuna
 
     if kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, multivariate=objectives == 1)
+        return _trial_seeded(optuna.samplers.RandomSampler)(seed=seed)
+    return _trial_seeded(optuna.samplers.TPESampler)(seed=seed, multivariate=objectives == 1)
+
+
+@functools.cache
+def _trial_seeded(base: type) -> type:
+    """`base` (an Optuna sampler class) reseeded from its seed and the trial number."""
+
+    class TrialSeeded(base):
+        def __init__(self, *, seed: int, **options: Any) -> None:
+            super().__init__(seed=seed, **options)
+            self._base_seed = seed
+
+        def before_trial(self, study: Any, trial: Any) -> None:
+            _reseed(self, (self._base_seed * 1_000_003 + trial.number) % 2**32)
+            super().before_trial(study, trial)
+
+    TrialSeeded.__name__ = f"TrialSeeded{base.__name__}"
+    return TrialSeeded
+
+
+def _reseed(sampler: Any, seed: int) -> None:
+    """Set the random state of an Optuna sampler and of the random sampler TPE falls back to."""
+    sampler._rng.rng.seed(seed)
+    inner = getattr(sampler, "_random_sampler", None)
+    if inner is not None:
+        inner._rng.rng.seed(seed ^ 0x5EED)
 
 
 def best_feasible(engine: Engine, study: Any) -> Evaluation | None:

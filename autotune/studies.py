@@ -8,7 +8,6 @@ trials that were running, and running the same command again finishes the rest.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -103,13 +102,11 @@ def _cannot_open(url: str, err: Exception) -> StorageError:
     return StorageError(f"cannot open study storage {url!r}: {first}")
 
 
-def open_study(url: str, name: str, *, seed: int, objectives: int = 1, shared: bool = False) -> Any:
-    """Create the study `name` in `url`, or load it to resume; seeded TPE with the budget
-    constraint. A stored study with another number of objectives is refused.
-
-    A fresh study is seeded with `seed` (reproducible). A resumed one adds the number of trials
-    it holds, so it does not repeat its first proposals; in `shared` storage each worker also
-    adds its process id, so that workers started together explore different plans."""
+def open_study(url: str, name: str, *, seed: int, objectives: int = 1) -> Any:
+    """Create the study `name` in `url`, or load it to resume; TPE seeded with `seed` and each
+    trial's number (see `autotune.search.sampler`): the same plans as a study kept in memory,
+    and workers that share the storage explore different plans, since the database
+    numbers their trials. A stored study with another number of objectives is refused."""
     import optuna
 
     storage = _storage(url)
@@ -125,7 +122,4 @@ def open_study(url: str, name: str, *, seed: int, objectives: int = 1, shared: b
             )
     except ValueError as err:
         raise StorageError(f"study {name!r} in {url!r} does not match: {err}") from None
-    offset = len(study.trials) + (os.getpid() if shared else 0)
-    if offset:
-        study.sampler = sampler("tpe", seed + offset, objectives)
     return study

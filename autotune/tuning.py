@@ -226,7 +226,6 @@ def tune_captured(
     objectives: int = 1,
     batch_size: int | None = None,
     progress: Progress | None = None,
-    shared: bool = False,
 ) -> TunedGraph:
     """Tune one captured step on its engine: baselines, then our study (resumed if stored)."""
     check_budget(engine, budget)
@@ -238,7 +237,7 @@ def tune_captured(
         best = baseline
     else:
         outcomes = _baselines(engine, budget, trials, seed)
-        study = open_study(storage, name, seed=seed, objectives=objectives, shared=shared)
+        study = open_study(storage, name, seed=seed, objectives=objectives)
         callbacks = (progress or Progress(False)).trials(trials, _finished(study))
         starts = warm_starts(engine, budget, outcomes["original auto-tuner"])
         ours = run_study(
@@ -319,7 +318,7 @@ def fit(
     if max_batch:
         given = batch_size or _leading_dim(example_args)
         opts = {"trials": trials, "seed": seed, "storage": url, "objectives": objectives,
-                "shared": storage is not None, "batch_size": given}  # fmt: skip
+                "batch_size": given}  # fmt: skip
         return _fit_max_batch(capture_at, preset, budget, study, bars, **opts)
     bars.stage("tracing the step")
     captured = capture_at(None)
@@ -332,7 +331,7 @@ def fit(
     bars.stage("baselines")
     tuned = tune_captured(
         captured, engine, budget, trials=trials, seed=seed, storage=url, name=name,
-        objectives=objectives, batch_size=batch, progress=bars, shared=storage is not None,
+        objectives=objectives, batch_size=batch, progress=bars,
     )  # fmt: skip
     return tuned.check_fits()
 
@@ -424,7 +423,7 @@ def _fit_max_batch(
 ) -> TunedGraph:
     """Capture at two batches (the given one and its double, so that per-op costs are of that
     size; else 16 and 32), find each method's largest batch, tune ours there (`opts` are
-    tune_captured's: trials, seed, storage, objectives, shared; and the given batch_size)."""
+    tune_captured's: trials, seed, storage, objectives; and the given batch_size)."""
     trials, seed = opts["trials"], opts["seed"]
     given = opts.pop("batch_size", None)
     pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES

@@ -229,3 +229,15 @@ def test_fit_max_batch_keeps_the_host_peak_within_host_memory(tmp_path: Path) ->
 
 def test_fit_refuses_a_host_memory_that_is_no_size() -> None:
     one_line_error(run_cli("fit", *TINY, "--max-batch", "--host-memory", "lots"), "host-memory")
+
+
+def test_the_same_seed_gives_the_same_plan_with_a_storage_url(tmp_path: Path) -> None:
+    args = ("fit", *TINY, "--batch-size", "256", "--trials", "12", "--seed", "4")
+    plain = cli_json(*args, "--out", str(tmp_path / "plain"))
+    stored = [
+        cli_json(
+            *args, "--out", str(tmp_path / f"s{i}"), "--storage", f"sqlite:///{tmp_path}/{i}.db"
+        )
+        for i in range(2)
+    ]
+    assert plain["params"] == stored[0]["params"] == stored[1]["params"]

@@ -7,7 +7,7 @@ from autotune.studies import StorageError, open_study, study_name
 
 
 def _open(url: str) -> int:
-    return len(open_study(url, "race", seed=0, shared=True).trials)
+    return len(open_study(url, "race", seed=0).trials)
 
 
 def test_workers_opening_a_new_database_together_all_get_the_study(tmp_path: Path) -> None:
@@ -52,3 +52,25 @@ def test_sqlite_transactions_take_the_write_lock_when_they_begin(tmp_path: Path)
     other.execute("BEGIN IMMEDIATE")  # free again once the transaction ended
     other.execute("ROLLBACK")
     other.close()
+
+
+def _proposals(study, n: int) -> list[float]:  # type: ignore[no-untyped-def]
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=n)
+    return [t.params["x"] for t in study.trials]
+
+
+def test_the_same_seed_proposes_the_same_plans_with_or_without_a_database(tmp_path: Path) -> None:
+    from autotune.search import in_memory_study
+
+    memory = _proposals(in_memory_study("tpe", 5), 12)
+    stored = _proposals(open_study(f"sqlite:///{tmp_path / 'a.db'}", "s", seed=5), 12)
+    again = _proposals(open_study(f"sqlite:///{tmp_path / 'b.db'}", "s", seed=5), 12)
+    assert memory == stored == again
+    assert memory != _proposals(in_memory_study("tpe", 6), 12)
+
+
+def test_a_resumed_or_shared_study_does_not_repeat_its_proposals(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first = _proposals(open_study(url, "s", seed=0), 4)
+    second = _proposals(open_study(url, "s", seed=0), 4)  # another worker, or a resumed run
+    assert second[:4] == first and len(set(second)) == 8
