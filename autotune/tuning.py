@@ -9,6 +9,7 @@ largest batch each method fits (from two captures, see `autotune.batching`), the
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ __all__ = [
     "resolve_host_memory",
     "tune_captured",
 ]
+
+_log = logging.getLogger("autotune")
 
 DEFAULT_DEVICE = "v100-16gb-nvlink2"
 DEFAULT_TRIALS = 50
@@ -65,7 +68,10 @@ class TunedGraph:
     batches: dict[str, BatchSearch] | None = None
     steps: Any = None  # the StepFamily of a largest-batch search (for the batch curve)
     verification: Any = None
+    recapture: Callable[[int], Captured] | None = field(default=None, repr=False)
+    tuning: dict[str, Any] = field(default_factory=dict, repr=False)
     _step: Any = field(default=None, repr=False)
+    _at: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
     def fits_without_swapping(self) -> bool:
@@ -127,7 +133,54 @@ class TunedGraph:
         return self._step
 
     def __call__(self, *args: Any) -> Any:
-        return self.step(*args)
+        """Run a training step. Arguments are converted losslessly to the step's dtypes (int64
+        labels to int32, float64 arrays to float32); at another batch size the plan is derived
+        there from the same parameters, or tuned there if it no longer fits (`at_batch`)."""
+        from rewriter.inputs import batch_of, conform
+
+        if self.captured is None:
+            return self.step(*args)
+        inputs = conform(args, self.captured.specs, any_batch=self.recapture is not None)
+        batch = batch_of(inputs)
+        if batch is None or batch == self.batch_size:
+            return self.step(*inputs)
+        return self.at_batch(batch)(*inputs)
+
+    def at_batch(self, batch: int) -> Any:
+        """The tuned step at `batch` (cached): the step captured there, with the plan the same
+        parameters give there if it fits the budget, else the plan tuned there."""
+        if batch not in self._at:
+            if self.recapture is None:
+                raise ValueError(
+                    f"this result was tuned at batch {self.batch_size} and cannot capture the "
+                    f"step at batch {batch}"
+                )
+            self._at[batch] = self._derive(batch)
+        return self._at[batch]
+
+    def _derive(self, batch: int) -> Any:
+        assert self.recapture is not None
+        captured = self.recapture(batch)
+        engine = _engine(captured, self.device)
+        ev = engine.evaluate(self.params)
+        if not self.budget.admits(ev):
+            name = f"{self.tuning.get('name', 'step')}-at{batch}"
+            opts = {k: v for k, v in self.tuning.items() if k != "name"}
+            tuned = tune_captured(
+                captured, engine, self.budget, name=name, batch_size=batch, **opts
+            )
+            ev = tuned.check_fits().evaluation
+        _log.info(
+            "batch %d: plan %s, predicted peak %s",
+            batch,
+            ev.params.to_dict(),
+            _sized(ev.peak_bytes),
+        )
+        if not ev.plan.swaps and not ev.plan.order_edges:
+            return captured.concrete_function
+        from autotune.verify import rewrite_captured
+
+        return rewrite_captured(captured, ev.plan)
 
     @property
     def graph_def(self) -> Any:
@@ -333,6 +386,9 @@ def fit(
         captured, engine, budget, trials=trials, seed=seed, storage=url, name=name,
         objectives=objectives, batch_size=batch, progress=bars,
     )  # fmt: skip
+    if batch is not None:
+        tuned.recapture = capture_at
+        tuned.tuning = {"trials": trials, "seed": seed, "storage": url, "name": name}
     return tuned.check_fits()
 
 
@@ -450,4 +506,6 @@ def _fit_max_batch(
     tuned.batches = batches
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
+    tuned.recapture = capture_at
+    tuned.tuning = {k: opts[k] for k in ("trials", "seed", "storage")} | {"name": name}
     return tuned.check_fits()

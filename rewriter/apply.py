@@ -53,11 +53,17 @@ class TunedStep:
     variables: list[Any]
     triggers: dict[str, str] = field(default_factory=dict)
     devices: tuple[str | None, str | None] = (None, None)
+    specs: tuple[Any, ...] = ()
 
     def __call__(self, *args: Any) -> Any:
+        """Run the step on `args` (converted losslessly to the dtypes it was captured with; at
+        the batch it was rewritten for: `autotune.fit`'s result takes any batch)."""
         import tensorflow as tf
 
-        flat = self.function(*args)
+        from rewriter.inputs import conform
+
+        inputs = conform(args, self.specs, any_batch=False) if self.specs else args
+        flat = self.function(*inputs)
         return tf.nest.pack_sequence_as(self.structured_outputs, flat)
 
     @property
@@ -153,7 +159,9 @@ def apply_plan(
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))
     devices = (compute_device, host_device) if mode == "device" else (None, None)
     outputs, variables = cf.structured_outputs, captured.variables
-    return TunedStep(function, plan, mode, tuple(names), outputs, variables, triggers, devices)
+    return TunedStep(
+        function, plan, mode, tuple(names), outputs, variables, triggers, devices, captured.specs
+    )
 
 
 def device_pair(compute: str | None, host: str) -> tuple[str, str]:

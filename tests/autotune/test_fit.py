@@ -145,3 +145,42 @@ def test_two_objectives_keep_the_pareto_front(tmp_path) -> None:  # type: ignore
     times = [p["step_seconds"] for p in front]
     assert peaks == sorted(peaks) and times == sorted(times, reverse=True)  # a real trade-off
     assert "pareto_front.png" in {p.name for p in tuned.report(tmp_path / "r").parent.iterdir()}
+
+
+def test_a_tuned_step_takes_any_batch_and_numpy_defaults(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the same custom step, twice: one run untouched, one through the tuned result, fed what
+    # a user has at hand (float64 arrays, int64 labels) at the tuned batch, then a smaller one
+    step, ws = make_step()
+    twin, twin_ws = make_step()
+    budget = tight_budget(step)
+    tuned = autotune.fit(
+        step, *specs(), gpu_memory=budget, safety_ratio=1.0, trials=8, out=tmp_path
+    )
+    assert tuned.plan.swaps
+    rng = np.random.default_rng(1)
+    for batch in (512, 100, 512, 100):
+        x, y = rng.normal(size=(batch, 64)), rng.integers(0, 10, size=batch)
+        assert x.dtype == np.float64 and y.dtype == np.int64
+        loss = tuned(x, y)
+        want = twin(x.astype("float32"), y.astype("int32"))
+        assert np.array_equal(loss.numpy(), want.numpy()), batch
+    for w, v in zip(ws, twin_ws, strict=True):
+        assert np.array_equal(w.numpy(), v.numpy())
+    assert set(tuned._at) == {100}  # derived once, then cached
+    assert tuned.at_batch(100).plan.swaps  # the parameters give a plan there too
+
+
+def test_a_tuned_step_names_an_argument_it_cannot_take(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from rewriter.inputs import InputError
+
+    step, _ = make_step()
+    tuned = autotune.fit(step, *specs(), gpu_memory=1 << 30, trials=2, out=tmp_path)
+    x = np.zeros((512, 64), "float32")
+    with pytest.raises(InputError, match=r"argument 1.*expected int32.*got float32"):
+        tuned(x, np.zeros(512, "float32"))
+    with pytest.raises(InputError, match=r"argument 0.*expected float32 of shape \[batch, 64\]"):
+        tuned(np.zeros((512, 65), "float32"), np.zeros(512, "int32"))
+    with pytest.raises(InputError, match="int32"):
+        tuned(x, np.full(512, 2**40))  # int64 labels that do not fit int32
+    with pytest.raises(InputError, match="takes 2 arguments, got 1"):
+        tuned(x)
