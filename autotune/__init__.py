@@ -67,18 +67,35 @@ def rewrite(
     mode: str | None = None,
     compute_device: str | None = None,
     host_device: str | None = None,
+    plan: Any = None,
     **options: Any,
 ) -> Any:
-    """The tuned step for the plan that `n_tensors=`, `lb=`, `ub=`, ... give: callable like the
-    original, with `.graph_def` and `.plan`. On a GPU if TensorFlow sees one (swap ops on the
-    host device), else emulated. `mode="device"` with `compute_device="/device:CPU:0",
+    """The tuned step for the plan that `n_tensors=`, `lb=`, `ub=`, ... give, or for `plan=`
+    (a plan file that `fit` wrote, e.g. runs/x/plan.json): callable like the original, with
+    `.graph_def` and `.plan`. On a GPU if TensorFlow sees one (swap ops on the host device),
+    else emulated. `mode="device"` with `compute_device="/device:CPU:0",
     host_device="/device:CPU:1"` builds the GPU form on two logical CPUs (`use_two_cpus`)."""
     from autotune.verify import rewrite_captured
 
     options, params = _split(options)
     captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
     given = {"mode": mode, "compute_device": compute_device, "host_device": host_device}
-    return rewrite_captured(captured, params, **{k: v for k, v in given.items() if v})
+    return rewrite_captured(
+        captured, _plan(plan, captured) or params, **{k: v for k, v in given.items() if v}
+    )
+
+
+def _plan(plan: Any, captured: Captured) -> Any:
+    """The SwapPlan `plan=` names for `captured`: a plan file's path or a SavedPlan (checked
+    against the step's graph and batch), a SwapPlan itself, or None."""
+    from autotune.planfile import SavedPlan, load_plan
+    from rewriter.inputs import batch_of
+    from simulator import SwapPlan
+
+    if plan is None or isinstance(plan, SwapPlan):
+        return plan
+    saved = plan if isinstance(plan, SavedPlan) else load_plan(plan)
+    return saved.for_step(captured, batch_of(list(captured.specs)))
 
 
 def verify(

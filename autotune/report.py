@@ -125,7 +125,7 @@ def write_report(tuned: TunedGraph, directory: Path) -> Path:
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "summary.json").write_text(json.dumps(tuned.to_dict(), indent=1) + "\n")
-    (directory / "plan.json").write_text(json.dumps(tuned.plan.to_dict(), indent=1) + "\n")
+    tuned.save_plan(directory / "plan.json")
     trials = trials_table(tuned.study)
     if trials is not None:
         trials.to_csv(directory / "trials.csv", index=False)

@@ -235,6 +235,19 @@ class TunedGraph:
         self.verification = verify_captured(self.captured, self.plan, steps=steps)
         return self.verification
 
+    def save_plan(self, path: str | Path) -> Path:
+        """Write the plan file (see autotune.planfile): apply it elsewhere with
+        `autotune.rewrite(step, *args, plan=path)` or `SwapCallback(plan=path)`."""
+        import json
+
+        from autotune.planfile import save_plan
+
+        if self.captured is None:
+            path = Path(path)
+            path.write_text(json.dumps(self.plan.to_dict(), indent=1) + "\n")
+            return path
+        return save_plan(path, self.plan, self.captured, self.batch_size)
+
     def report(self, directory: str | Path) -> Path:
         """Write summary.json, plan.json, trials.csv, the plots, report.md and report.html
         into `directory`; return the path of report.md."""

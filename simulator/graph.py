@@ -141,6 +141,18 @@ class Graph:
             out[t.kind.value] += t.nbytes
         return out
 
+    def fingerprint(self) -> str:
+        """A digest of the graph's structure (op names, types and edges), not of its sizes:
+        the same at every batch size, different for another model or step."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for name in sorted(self.ops):
+            op = self.ops[name]
+            parts = (name, op.type, *op.inputs, "^", *sorted(op.control_inputs))
+            digest.update("\x1f".join(parts).encode() + b"\x1e")
+        return digest.hexdigest()[:16]
+
     def predecessors(self, op_name: str) -> list[str]:
         """Distinct ops that must run before `op_name` (data and control edges)."""
         op = self.ops[op_name]

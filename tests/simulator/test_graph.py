@@ -112,3 +112,13 @@ def test_workspace_is_a_tensor_from_one_op_to_another() -> None:
     assert g.tensors["p:workspace"].nbytes == 100
     assert g.ops["p"].outputs[-1] == "p:workspace" and g.ops["i"].inputs[-1] == "p:workspace"
     assert g.with_scratch("i", 7).ops["i"].scratch == 7
+
+
+def test_the_fingerprint_follows_the_structure_not_the_sizes() -> None:
+    from tests.simulator.builders import chain, training_chain
+
+    assert chain(4).fingerprint() == chain(4, nbytes=4096).fingerprint()
+    assert chain(4).fingerprint() != chain(5).fingerprint()
+    assert chain(4).fingerprint() != diamond().fingerprint()
+    edged = training_chain().with_control_edges((("f3", "gradient_tape/b3"),))
+    assert edged.fingerprint() != training_chain().fingerprint()

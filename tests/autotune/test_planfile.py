@@ -1,0 +1,67 @@
+"""A plan tuned in one process and applied in a fresh one, with no search."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.autotune.cli_helpers import cli_json
+
+pytestmark = pytest.mark.tf
+
+APPLY = """
+import json, sys
+import autotune
+from autotune.zoo import get_entry
+from simulator import InvalidPlan
+path = sys.argv[1]
+zm = get_entry("tiny-cnn").build()
+kw = {"loss": zm.loss, "optimizer": zm.optimizer}
+same = autotune.rewrite(zm.model, batch_size=256, plan=path, **kw)
+other = autotune.rewrite(zm.model, batch_size=128, plan=path, **kw)
+t = get_entry("tiny-transformer").build()
+try:
+    autotune.rewrite(t.model, loss=t.loss, optimizer=t.optimizer, batch_size=4, plan=path)
+    refused = ""
+except InvalidPlan as err:
+    refused = str(err)
+print(json.dumps({
+    "same": same.plan.to_dict(), "other": other.plan.to_dict(), "refused": refused,
+    "searched": "optuna" in sys.modules,
+}))
+"""
+
+
+def test_a_plan_file_applies_in_a_fresh_process_without_a_search(tmp_path: Path) -> None:
+    args = ("--model", "tiny-cnn", "--gpu-memory", "90MiB", "--quiet", "--trials", "6")
+    out = cli_json("fit", *args, "--batch-size", "256", "--out", str(tmp_path))
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    assert saved["batch_size"] == 256 and saved["format"] == 1
+    assert set(saved["versions"]) == {"tf-swap-autotune", "tensorflow"}
+    assert len(saved["graph_fingerprint"]) == 16 and saved["params"] == out["params"]
+    run = subprocess.run(
+        [sys.executable, "-c", APPLY, str(tmp_path / "plan.json")], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not got["searched"]
+    assert got["same"]["swaps"] == saved["swaps"] and got["same"]["swaps"]
+    assert got["same"]["order_edges"] == saved["order_edges"]
+    # at batch 128 the same parameters derive the plan there: the same tensors, half the bytes
+    halves = {s["tensor"]: s["nbytes"] // 2 for s in saved["swaps"]}
+    assert {s["tensor"]: s["nbytes"] for s in got["other"]["swaps"]} == halves
+    assert "saved for another graph" in got["refused"]
+
+
+def test_a_file_that_is_no_plan_is_one_clear_error(tmp_path: Path) -> None:
+    from autotune.planfile import load_plan
+    from simulator import InvalidPlan
+
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(InvalidPlan, match="not a plan file"):
+        load_plan(bad)
+    with pytest.raises(InvalidPlan, match="cannot read plan file"):
+        load_plan(tmp_path / "missing.json")
