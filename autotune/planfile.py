@@ -40,7 +40,9 @@ class SavedPlan:
         if mine != self.fingerprint:
             raise InvalidPlan(
                 f"the plan was saved for another graph (fingerprint {self.fingerprint}, this "
-                f"step's is {mine}): tune this step, or capture the step the plan was tuned for"
+                f"step's is {mine}): tune this step, or capture the step the plan was tuned for "
+                "(a Keras model built again in one process gets new layer names: build it in "
+                "a fresh process or after keras.backend.clear_session())"
             )
         if batch_size == self.batch_size or not self.plan.swaps:
             return self.plan

@@ -1,0 +1,165 @@
+"""Train with swapping inside Keras' own `model.fit`: a callback that tunes (or loads) a plan
+for the model's training step and makes the tuned step the one `fit` runs.
+
+    cb = SwapCallback(gpu_memory="16GiB")
+    model.fit(data, epochs=3, validation_data=val, callbacks=[cb])
+    cb.save_plan("runs/x/plan.json")      # later, elsewhere: SwapCallback(plan="runs/x/plan.json")
+
+At the first batch it captures Keras' training step (`model.train_step`, with the compiled
+loss, optimizer and metrics' updates) at that batch's shapes, tunes it by simulation (or applies
+`plan=`), rewrites it, and from then on `fit` runs the tuned step; a batch of another size (the
+last, partial one) gets the plan derived there. If the budget fits without swapping, it says so
+and hands `fit` its own step back. Validation, `evaluate` and `predict` are untouched.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from autotune.search import DEFAULT_SAFETY_RATIO
+from autotune.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
+
+__all__ = ["SwapCallback"]
+
+
+class SwapCallback(keras.callbacks.Callback):
+    """Swap long-lived tensors of `model.fit`'s training step to host memory, by a plan tuned
+    for `gpu_memory` on `device` (a preset) or loaded from `plan` (a plan file)."""
+
+    def __init__(
+        self,
+        *,
+        gpu_memory: int | str | None = None,
+        device: str = DEFAULT_DEVICE,
+        trials: int = DEFAULT_TRIALS,
+        seed: int = 0,
+        host_memory: int | str | None = None,
+        plan: str | Path | None = None,
+        out: str | Path | None = None,
+        safety_ratio: float = DEFAULT_SAFETY_RATIO,
+        verbose: int = 1,
+    ) -> None:
+        super().__init__()
+        self.options: dict[str, Any] = {
+            "gpu_memory": gpu_memory,
+            "device": device,
+            "trials": trials,
+            "seed": seed,
+            "host_memory": host_memory,
+            "safety_ratio": safety_ratio,
+            "out": out or tempfile.mkdtemp(prefix="autotune-keras-"),
+        }
+        self.plan_path = plan
+        self.verbose = verbose
+        self.tuned: Any = None  # the TunedGraph, once tuned
+        self._saved: Any = None
+        self._steps: dict[int, Any] = {}
+        self._keras_function: Any = None
+        self._step: Any = None
+        self._template: Any = None
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if getattr(self.model, "steps_per_execution", 1) not in (1, None):
+            raise ValueError(
+                "SwapCallback runs one step per call: compile with steps_per_execution=1"
+            )
+        self._keras_function = self.model.train_function
+        self.model.train_function = self._train_function
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._keras_function is not None:
+            self.model.train_function = self._keras_function
+
+    def save_plan(self, path: str | Path) -> Path:
+        """Write the plan file of the tuned step (after the first batch of `fit`)."""
+        if self.tuned is None:
+            raise ValueError("nothing tuned yet: save the plan after model.fit has run")
+        return Path(self.tuned.save_plan(path))
+
+    def _train_function(self, iterator: Any) -> Any:
+        data = next(iterator)
+        tensors = self._tensors(data)
+        batch = int(tensors[0].shape[0])
+        step = self._steps.get(batch)
+        if step is None:
+            step = self._steps[batch] = self._prepare(tensors, batch)
+        if step is _KERAS:
+            # fits without swapping: this batch through the captured step, the rest as Keras does
+            self.model.train_function = self._keras_function
+            return self.tuned.step(*tensors)
+        return step(*tensors)
+
+    def _tensors(self, data: Any) -> list[Any]:
+        """The batch's tensors (Nones, e.g. no sample weights, left out), remembering where."""
+        import tensorflow as tf
+
+        leaves = tf.nest.flatten(data)
+        if self._template is None:
+            self._template = (data, [leaf is None for leaf in leaves])
+        return [leaf for leaf in leaves if leaf is not None]
+
+    def _train_step(self, *tensors: Any) -> Any:
+        """Keras' training step on the batch rebuilt from its tensors (traced by the capture)."""
+        import tensorflow as tf
+
+        structure, empty = self._template
+        it = iter(tensors)
+        leaves = [None if e else next(it) for e in empty]
+        return self.model.train_step(tf.nest.pack_sequence_as(structure, leaves))
+
+    def _prepare(self, tensors: list[Any], batch: int) -> Any:
+        """The step to run at `batch`: tuned at the first batch, derived at later ones."""
+        import tensorflow as tf
+
+        if self._step is None:
+            self._step = tf.function(self._train_step)
+        if self.plan_path is not None:
+            return self._from_plan(tensors, batch)
+        if self.tuned is not None:
+            return self.tuned.at_batch(batch)
+        return self._tune(tensors, batch)
+
+    def _tune(self, tensors: list[Any], batch: int) -> Any:
+        from autotune.tuning import fit
+        from autotune.units import format_sized
+
+        self.tuned = fit(self._step, *tensors, progress=self.verbose > 0, **self.options)
+        t = self.tuned
+        if t.fits_without_swapping:
+            self._say(
+                f"fits without swapping at batch {batch}: predicted peak "
+                f"{format_sized(t.baseline.peak_bytes)} within {format_sized(t.budget.bytes)}; "
+                "training untouched"
+            )
+            return _KERAS
+        overhead = f", overhead {t.predicted_overhead:.3f}x" if t.predicted_overhead else ""
+        self._say(
+            f"tuned at batch {batch}: {len(t.plan.swaps)} tensors swapped, predicted peak "
+            f"{format_sized(t.predicted_peak_bytes)} (no swap "
+            f"{format_sized(t.baseline.peak_bytes)}){overhead}"
+        )
+        return t
+
+    def _from_plan(self, tensors: list[Any], batch: int) -> Any:
+        from autotune.api import capture
+        from autotune.planfile import load_plan
+        from autotune.verify import rewrite_captured
+
+        if self._saved is None:
+            self._saved = load_plan(self.plan_path)  # type: ignore[arg-type]
+        captured = capture(self._step, *tensors)
+        plan = self._saved.for_step(captured, batch)
+        self._say(f"plan {self.plan_path} at batch {batch}: {len(plan.swaps)} tensors swapped")
+        return rewrite_captured(captured, plan) if plan.swaps else captured.concrete_function
+
+    def _say(self, line: str) -> None:
+        if self.verbose:
+            print(f"SwapCallback: {line}", flush=True)
+
+
+#: Marks a batch size at which Keras' own step runs.
+_KERAS = object()
