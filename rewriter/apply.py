@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
+from rewriter.opsemantics import foldable_ops
 from rewriter.plan import check_plan
 from simulator import (
     Graph,
@@ -153,7 +154,7 @@ def apply_plan(
         names.extend(op.name for ops in after.values() for op in ops)
         triggers.update(_triggers(after, plan))
         if pin_order:
-            _pin(g, order.ops, after, fed)
+            _pin(g, order.ops, after, fed, foldable_ops(captured.graph))
         return out
 
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))
@@ -237,17 +238,21 @@ def _insert_swaps(g: Any, plan: SwapPlan, mode: str, host_device: str) -> dict[s
     return after
 
 
-def _pin(g: Any, schedule: tuple[str, ...], after: dict[str, list[Any]], fed: set[str]) -> None:
+def _pin(
+    g: Any,
+    schedule: tuple[str, ...],
+    after: dict[str, list[Any]],
+    fed: set[str],
+    folded: frozenset[str],
+) -> None:
     """Chain the schedule's ops with control edges, each swap op right after the op it follows;
-    placeholders that were fed are left out (they no longer run). Without the swap ops in the
-    chain, TensorFlow's executor defers them until the chain stalls."""
+    placeholders that were fed are left out (they no longer run), and so are the ops Grappler
+    folds into constants (chained, the folded graph held a cycle and Grappler gave up on it).
+    Without the swap ops in the chain, TensorFlow's executor defers them until it stalls."""
     chain = []
-    folded: set[str] = set()
     for name in schedule:
         op = g.get_operation_by_name(name)
-        if _foldable(op, folded):
-            folded.add(name)
-        elif not any(t.name in fed for t in op.outputs):
+        if name not in folded and not any(t.name in fed for t in op.outputs):
             chain.append(op)
         chain.extend(after.get(name, ()))
     for before, nxt in zip(chain, chain[1:]):
@@ -263,17 +268,6 @@ def _wait(op: Any, before: Any) -> None:
     exponent = op.inputs[1].op if op.type == "Pow" else None
     target = exponent if exponent is not None and exponent.type == "Const" else op
     target._add_control_input(before)
-
-
-def _foldable(op: Any, folded: set[str]) -> bool:
-    """True for an op Grappler's constant folding replaces by a constant: a Const, a shape
-    query of a static shape, or a stateless op of such inputs only."""
-    from rewriter.opsemantics import SHAPE_ONLY
-
-    if op.type == "Const" or op.type in SHAPE_ONLY:
-        return True
-    stateful = op._is_stateful or op.type in ("Placeholder", "VarHandleOp")
-    return bool(op.inputs) and not stateful and all(t.op.name in folded for t in op.inputs)
 
 
 def _on(device: str | None) -> Any:

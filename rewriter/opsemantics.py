@@ -155,6 +155,67 @@ def scratch_bytes(op_type: str, input_bytes: list[int], output_bytes: list[int])
     return 0
 
 
+#: Op types whose output is not a function of their inputs' values: never constant-folded.
+_NOT_FOLDABLE_PREFIXES = ("Random", "Stateful", "Stateless", "Placeholder", "Var", "Read")
+_NOT_FOLDABLE = frozenset(
+    {"PyFunc", "EagerPyFunc", "NoOp", "Assert", "Print", "PrintV2", "AssignVariableOp"}
+)
+
+
+def foldable_ops(graph: Graph) -> frozenset[str]:
+    """Ops Grappler's constant folding replaces by constants: a Const, a shape query (shapes
+    are static here), and a deterministic op whose inputs all come from such ops. Their
+    outputs live as constants; a swap or a control edge that touches one changes what
+    Grappler folds and simplifies around it (under mixed precision, swapping GELU's
+    constant 0.5 cast to bfloat16 changed the step's loss)."""
+    folded: set[str] = set()
+    for name, op in graph.ops.items():  # insertion order: inputs first
+        constant = op.type == "Const" or op.type in SHAPE_ONLY
+        of_constants = bool(op.inputs) and not _stateful(op.type)
+        if constant or of_constants and all(graph.tensors[t].producer in folded for t in op.inputs):
+            folded.add(name)
+    return frozenset(folded)
+
+
+#: Element-wise binary ops whose expressions Grappler's arithmetic optimizer and constant
+#: folding rewrite when an operand is constant (constants pushed down, negations removed).
+_WITH_CONSTANTS = frozenset(
+    {
+        "Mul",
+        "Add",
+        "AddV2",
+        "Sub",
+        "RealDiv",
+        "Div",
+        "Maximum",
+        "Minimum",
+        "Pow",
+        "SquaredDifference",
+    }
+)
+
+
+def unswappable_ops(graph: Graph) -> frozenset[str]:
+    """Ops whose outputs a plan must not swap, since a swap-in in their place changes what
+    Grappler computes: constant-foldable ops (`foldable_ops`) and element-wise ops of a
+    constant (x * c: the optimizer rewrites expressions through them, and a swap-in hides the
+    constant). Measured on the tiny transformer under mixed_float16: swapping GELU's
+    -x / sqrt(2) changed four variables after two steps (bitwise equal without it); in
+    float32 the rewritten expressions happen to round alike."""
+    folded = foldable_ops(graph)
+    with_constant = (
+        name
+        for name, op in graph.ops.items()
+        if op.type in _WITH_CONSTANTS
+        and any(graph.tensors[t].producer in folded for t in op.inputs)
+    )
+    return folded | frozenset(with_constant)
+
+
+def _stateful(op_type: str) -> bool:
+    return op_type in _NOT_FOLDABLE or op_type.startswith(_NOT_FOLDABLE_PREFIXES)
+
+
 def fused_together(graph: Graph) -> dict[str, tuple[str, ...]]:
     """Ops that TensorFlow may run as one kernel, by op: on the CPU, oneDNN's graph pass fuses a
     `Conv2DBackpropFilter` with the `BiasAddGrad` of the same gradient. A control edge that holds

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rewriter.opsemantics import SHAPE_ONLY
+from rewriter.opsemantics import SHAPE_ONLY, unswappable_ops
 from simulator.graph import Graph, TensorKind
 from simulator.order import Order, categorized_order
 from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
@@ -121,9 +121,10 @@ class PlanContext:
 
     def _find_candidates(self) -> list[_Candidate]:
         out = []
+        unswappable = unswappable_ops(self.graph)
         for producer in self.order.ops:
             op = self.graph.ops[producer]
-            if producer in self.backward or op.forwards:
+            if producer in self.backward or op.forwards or producer in unswappable:
                 continue
             for name in op.outputs:
                 c = self._candidate(name, producer)

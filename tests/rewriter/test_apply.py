@@ -262,3 +262,35 @@ def test_a_depthwise_separable_cnn_with_adam_trains_bitwise_like_the_original(mo
         assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
     for va, vb in zip([*a.weights, *opt_a.variables], [*b.weights, *opt_b.variables], strict=True):
         assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("model", ["tiny-cnn", "tiny-transformer"])
+def test_mixed_precision_steps_train_bitwise_like_the_original(model: str, policy: str) -> None:
+    # under mixed_float16 the optimizer is a LossScaleOptimizer, whose step holds a tf.cond;
+    # swapping GELU's constant 0.5 cast to bfloat16, or its -x / sqrt(2) under float16, had
+    # changed the step (see rewriter.opsemantics.unswappable_ops)
+    import keras
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        built = []
+        for _ in range(2):
+            zm = get_entry(model).build(seed=3)
+            opt = zm.optimizer
+            if policy == "mixed_float16":
+                opt = keras.optimizers.LossScaleOptimizer(opt)
+            cap = capture(zm.model, loss=zm.loss, optimizer=opt, batch_size=BATCH[model])
+            built.append((zm.model, opt, cap))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    (a, opt_a, cap_a), (b, opt_b, cap_b) = built
+    assert cap_b.graph.functions or policy != "mixed_float16"  # the loss scale's tf.cond
+    plan = Engine.build(cap_b.graph).evaluate(_exact(PlanParams()), allocator=False).plan
+    tuned = apply_plan(cap_b, plan)
+    assert plan.swaps
+    inputs = example_tensors(cap_a.specs, seed=7)
+    for _ in range(2):
+        assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
+    for va, vb in zip([*a.weights, *opt_a.variables], [*b.weights, *opt_b.variables], strict=True):
+        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path

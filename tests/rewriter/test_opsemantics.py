@@ -10,3 +10,21 @@ def test_sparse_cross_entropy_holds_a_temporary_the_size_of_its_loss() -> None:
 
 def test_element_wise_ops_hold_no_temporary() -> None:
     assert scratch_bytes("AddV2", [1 << 20, 1 << 20], [1 << 20]) == 0
+
+
+def test_constants_and_what_grappler_rewrites_around_them_are_not_swapped() -> None:
+    from rewriter.opsemantics import foldable_ops, unswappable_ops
+    from simulator import Graph, TensorKind
+    from tests.simulator.builders import add
+
+    g = Graph()
+    (x,) = add(g, "x", [], 64, type="Placeholder", kind=TensorKind.INPUT)
+    (c,) = add(g, "c", [], 4, type="Const", kind=TensorKind.CONSTANT)
+    (half,) = add(g, "half", [c], 2, type="Cast")
+    (shape,) = add(g, "shape", [x], 8, type="Shape")
+    add(g, "scaled", [x, half], 64, type="Mul")  # x * constant
+    (noise,) = add(g, "noise", [shape], 64, type="RandomUniform")
+    add(g, "relu", [x], 64, type="Relu")
+    add(g, "masked", [x, noise], 64, type="Mul")
+    assert foldable_ops(g) == {"c", "half", "shape"}
+    assert unswappable_ops(g) == {"c", "half", "shape", "scaled"}
