@@ -22,6 +22,7 @@ from simulator import (
     get_preset,
     scheduled_order,
 )
+from simulator.errors import UserError
 
 if TYPE_CHECKING:
     from autotune.profile import Profile
@@ -245,7 +246,7 @@ def _resolved_schedule(schedule: str, params: PlanParams | None, kernels: CpuKer
     if schedule == "auto":
         return "executor" if not planned and kernels is not None else "categorized"
     if schedule != "categorized" and planned:
-        raise ValueError(
+        raise UserError(
             f"the {schedule} schedule simulates the step as TensorFlow runs it, without swaps "
             "or order edges; simulate plans in the categorized order"
         )
@@ -347,4 +348,4 @@ def build_engine(
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+        raise UserError(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")

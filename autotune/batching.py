@@ -30,6 +30,7 @@ from autotune.search import (
 from rewriter.capture import Captured
 from rewriter.plan import PlanParams
 from simulator import DevicePreset, lower_bound_bytes
+from simulator.errors import UserError
 from simulator.scaling import BatchFamily, affine_costs
 
 __all__ = ["METHODS", "BatchSearch", "CapturedSteps", "StepFamily", "Steps", "largest_batches"]
@@ -188,7 +189,7 @@ def method_at(
         starts = () if skip else warm_starts(engine, budget)
         study = in_memory_study("tpe", seed)
         return run_study(engine, budget, study, trials, starts=starts, callbacks=callbacks)
-    raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
 def largest_possible(steps: Steps, budget: Budget) -> int:

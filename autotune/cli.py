@@ -1,4 +1,8 @@
-"""The `autotune` command line: one function per subcommand, `main() -> int`, one-line errors."""
+"""The `autotune` command line: one function per subcommand, `main() -> int`.
+
+Bad input (a `UserError` or a usage error) is one line and exit code 2; any other exception is
+a bug in the tool: one line that says so and where, exit code 1 (`--debug` shows the traceback).
+"""
 
 from __future__ import annotations
 
@@ -21,10 +25,12 @@ from autotune.cli_options import (
 from autotune.search import INTERRUPTED
 from autotune.units import format_bytes
 from autotune.units import format_sized as _sized
+from simulator.errors import UserError
 
 __all__ = ["main"]
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 1
 
 
 class UsageError(Exception):
@@ -388,6 +394,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subcommand per `cmd_*` function."""
     parser = _Parser(prog="autotune", description=__doc__)
+    parser.add_argument(
+        "--debug", action="store_true", help="show the full traceback of an internal error"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "models": cmd_models,
@@ -479,7 +488,7 @@ def _import_tensorflow_quietly() -> None:
             held.seek(0)
             sys.stderr.write(held.read().decode(errors="replace"))
             if isinstance(err, ImportError):
-                raise RuntimeError(
+                raise UserError(
                     f"TensorFlow cannot be imported ({err}); install it with "
                     "pip install -e '.[cpu]' (or '.[gpu]' on a CUDA machine)"
                 ) from None
@@ -493,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     _prepare_environment()
     signal.signal(signal.SIGINT, _on_ctrl_c)
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
         if args.command != "models":
@@ -505,13 +515,28 @@ def main(argv: list[str] | None = None) -> int:
             # a Ctrl-C can land inside a database transaction: the driver's and Optuna's
             # errors that follow need not carry the KeyboardInterrupt in their chain
             return _interrupted()
-        if isinstance(err, UsageError):
-            print(f"autotune: error: {err}", file=sys.stderr)
-            return EXIT_USAGE
-        if isinstance(err, (ValueError, RuntimeError)):
+        if isinstance(err, (UsageError, UserError)):
             print(f"autotune: error: {str(err).splitlines()[0]}", file=sys.stderr)
             return EXIT_USAGE
-        raise
+        if debug:
+            raise
+        return _internal_error(err)
+
+
+def _internal_error(err: BaseException) -> int:
+    """A bug in the tool, not the user's input: say so, where it happened, and how to see it."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    first = str(err).splitlines()[0] if str(err) else ""
+    print(
+        f"autotune: internal error: {type(err).__name__}: {first}{where}\n"
+        "autotune: this is a bug in the tool, please report it; run again with --debug for "
+        "the full traceback",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
 
 
 def _on_ctrl_c(_signum: int, _frame: Any) -> None:

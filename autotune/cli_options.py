@@ -7,6 +7,7 @@ import argparse
 from autotune.units import parse_size
 from rewriter.plan import TRIGGER_STRATEGIES, PlanParams
 from simulator import PRESETS, DevicePreset, get_preset
+from simulator.errors import UserError
 
 __all__ = ["add_device_args", "add_plan_args", "device_preset", "plan_params", "size_arg"]
 
@@ -113,7 +114,7 @@ def device_preset(args: argparse.Namespace) -> DevicePreset | None:
     """The preset named on the command line with any overrides; None when none was named."""
     if args.device is None:
         if args.gpu_memory is not None or args.link_bandwidth is not None:
-            raise ValueError("--gpu-memory and --link-bandwidth refine a --device preset; name one")
+            raise UserError("--gpu-memory and --link-bandwidth refine a --device preset; name one")
         return None
     return get_preset(args.device).with_overrides(
         memory_bytes=args.gpu_memory, link_bytes_per_s=args.link_bandwidth

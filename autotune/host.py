@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 
+from simulator.errors import UserError
+
 __all__ = [
     "PINNED_ENV",
     "default_host_memory",
@@ -29,7 +31,7 @@ def pinned_cap_bytes() -> int:
     try:
         mib = int(text) if text else PINNED_DEFAULT_MIB
     except ValueError:
-        raise ValueError(f"{PINNED_ENV}={text!r} is not a whole number of MiB") from None
+        raise UserError(f"{PINNED_ENV}={text!r} is not a whole number of MiB") from None
     return mib << 20
 
 

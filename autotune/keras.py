@@ -22,6 +22,7 @@ import keras
 
 from autotune.search import DEFAULT_SAFETY_RATIO
 from autotune.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
+from simulator.errors import UserError
 
 __all__ = ["SwapCallback"]
 
@@ -64,7 +65,7 @@ class SwapCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if getattr(self.model, "steps_per_execution", 1) not in (1, None):
-            raise ValueError(
+            raise UserError(
                 "SwapCallback runs one step per call: compile with steps_per_execution=1"
             )
         self._keras_function = self.model.train_function
@@ -77,7 +78,7 @@ class SwapCallback(keras.callbacks.Callback):
     def save_plan(self, path: str | Path) -> Path:
         """Write the plan file of the tuned step (after the first batch of `fit`)."""
         if self.tuned is None:
-            raise ValueError("nothing tuned yet: save the plan after model.fit has run")
+            raise UserError("nothing tuned yet: save the plan after model.fit has run")
         return Path(self.tuned.save_plan(path))
 
     def _train_function(self, iterator: Any) -> Any:

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.capture import Captured
+from simulator.errors import UserError
 
 __all__ = ["Measurement", "MeasurementError", "current_device", "measure", "prepare_measurement"]
 
 
-class MeasurementError(RuntimeError):
+class MeasurementError(UserError, RuntimeError):
     """The process is not set up to measure memory; the message says how to set it up."""
 
 
@@ -110,7 +111,7 @@ def measure(captured: Captured, *args: Any, repeats: int = 3, warmup: int = 1) -
     import tensorflow as tf
 
     if warmup < 1 or repeats < 1:
-        raise ValueError(f"warmup={warmup} and repeats={repeats}: each must be at least 1")
+        raise UserError(f"warmup={warmup} and repeats={repeats}: each must be at least 1")
     _check_setup(tf)
     device = current_device()
     fn = captured.concrete_function

@@ -28,6 +28,7 @@ from typing import Any
 
 from autotune.engine import Engine, Evaluation
 from rewriter.plan import LEAST_MEMORY, TRIGGER_STRATEGIES, PlanParams
+from simulator.errors import UserError
 
 __all__ = [
     "DEFAULT_SAFETY_RATIO",
@@ -65,11 +66,11 @@ class Budget:
 
     def __post_init__(self) -> None:
         if self.device_bytes <= 0:
-            raise ValueError(f"device memory must be positive, got {self.device_bytes} B")
+            raise UserError(f"device memory must be positive, got {self.device_bytes} B")
         if not 0 < self.ratio <= 1:
-            raise ValueError(f"safety ratio must be in (0, 1], got {self.ratio}")
+            raise UserError(f"safety ratio must be in (0, 1], got {self.ratio}")
         if self.host_bytes is not None and self.host_bytes <= 0:
-            raise ValueError(f"host memory must be positive, got {self.host_bytes} B")
+            raise UserError(f"host memory must be positive, got {self.host_bytes} B")
 
     @property
     def bytes(self) -> int:

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.search import quiet_optuna, sampler
+from simulator.errors import UserError
 
 __all__ = ["StorageError", "default_storage", "open_study", "study_name"]
 
 
-class StorageError(ValueError):
+class StorageError(UserError):
     """The study storage cannot be opened or the study in it does not match."""
 
 

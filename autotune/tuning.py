@@ -26,6 +26,7 @@ from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
 from rewriter.plan import PlanParams
 from simulator import DevicePreset, SwapPlan, get_preset
+from simulator.errors import UserError
 
 __all__ = [
     "BudgetError",
@@ -42,11 +43,11 @@ DEFAULT_DEVICE = "v100-16gb-nvlink2"
 DEFAULT_TRIALS = 50
 
 
-class BudgetError(ValueError):
+class BudgetError(UserError):
     """No plan can fit the budget: it is below the lower bound."""
 
 
-class NoFitError(ValueError):
+class NoFitError(UserError):
     """The search found no plan that fits (the study keeps its trials for a resumed search)."""
 
 
@@ -123,7 +124,7 @@ class TunedGraph:
         """The tuned step (rewritten on first use), or the original when nothing is swapped."""
         if self._step is None:
             if self.captured is None:
-                raise ValueError("this result holds no captured step to rewrite")
+                raise UserError("this result holds no captured step to rewrite")
             if not self.plan.swaps and not self.plan.order_edges:
                 self._step = self.captured.concrete_function
             else:
@@ -151,7 +152,7 @@ class TunedGraph:
         parameters give there if it fits the budget, else the plan tuned there."""
         if batch not in self._at:
             if self.recapture is None:
-                raise ValueError(
+                raise UserError(
                     f"this result was tuned at batch {self.batch_size} and cannot capture the "
                     f"step at batch {batch}"
                 )
@@ -231,7 +232,7 @@ class TunedGraph:
         from autotune.verify import verify_captured
 
         if self.captured is None:
-            raise ValueError("this result holds no captured step to run")
+            raise UserError("this result holds no captured step to run")
         self.verification = verify_captured(self.captured, self.plan, steps=steps)
         return self.verification
 
@@ -407,9 +408,9 @@ def fit(
 
 def _check_options(trials: int, objectives: int) -> None:
     if trials < 1:
-        raise ValueError(f"trials must be at least 1, got {trials}")
+        raise UserError(f"trials must be at least 1, got {trials}")
     if objectives not in (1, 2):
-        raise ValueError(f"objectives must be 1 (time) or 2 (peak and time), got {objectives}")
+        raise UserError(f"objectives must be 1 (time) or 2 (peak and time), got {objectives}")
 
 
 def _memory(gpu_memory: int | str | None, preset: DevicePreset) -> int:
@@ -478,7 +479,7 @@ def _with_batch(spec: Any, batch: int) -> Any:
     import tensorflow as tf
 
     if not len(spec.shape):
-        raise ValueError(f"argument {spec.name or ''} is a scalar: it has no batch dimension")
+        raise UserError(f"argument {spec.name or ''} is a scalar: it has no batch dimension")
     return tf.TensorSpec([batch, *spec.shape[1:]], spec.dtype, name=spec.name)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from simulator.errors import UserError
+
 __all__ = ["format_bytes", "format_sized", "parse_size"]
 
 _UNITS = {
@@ -26,12 +28,12 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _UNITS:
-        raise ValueError(
+        raise UserError(
             f"cannot read size {text!r}: use a number with B, KiB, MiB, GiB, KB, MB or GB"
         )
     value = int(round(float(m.group(1)) * _UNITS[unit]))
     if value <= 0:
-        raise ValueError(f"size {text!r} must be positive")
+        raise UserError(f"size {text!r} must be positive")
     return value
 
 

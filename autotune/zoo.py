@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from simulator.errors import UserError
+
 __all__ = ["ZOO", "ZooEntry", "ZooModel", "get_entry", "resolve_model"]
 
 
@@ -30,7 +32,7 @@ class ZooEntry:
     def build(self, *, cube: int | None = None, seed: int = 0) -> ZooModel:
         """Build the model (weights from `seed`), its loss and a fresh optimizer."""
         if cube is not None and self.default_cube is None:
-            raise ValueError(f"model {self.name!r} has no cube size")
+            raise UserError(f"model {self.name!r} has no cube size")
         import keras
 
         keras.utils.set_random_seed(seed)
@@ -65,7 +67,7 @@ def _unet3d(
     from keras import layers
 
     if cube % 2 ** (len(filters) - 1):
-        raise ValueError(f"cube size {cube} must be divisible by {2 ** (len(filters) - 1)}")
+        raise UserError(f"cube size {cube} must be divisible by {2 ** (len(filters) - 1)}")
 
     def block(x: Any, f: int) -> Any:
         x = layers.Conv3D(f, 3, padding="same", activation="relu")(x)
@@ -136,7 +138,7 @@ ZOO: dict[str, ZooEntry] = {
 def get_entry(name: str) -> ZooEntry:
     """The zoo entry `name`; ValueError listing the zoo if there is none."""
     if name not in ZOO:
-        raise ValueError(f"unknown model {name!r}; the zoo has: {', '.join(ZOO)}")
+        raise UserError(f"unknown model {name!r}; the zoo has: {', '.join(ZOO)}")
     return ZOO[name]
 
 
@@ -146,16 +148,26 @@ def resolve_model(spec: str, *, cube: int | None = None, seed: int = 0) -> ZooMo
     path, sep, func = spec.rpartition(":")
     if not sep or not path.endswith(".py"):
         return get_entry(spec).build(cube=cube, seed=seed)
-    result = _load_function(path, func)()
+    build = _load_function(path, func)
+    result = _users(spec, build)
     if isinstance(result, tuple) and len(result) == 3:
         return ZooModel(*result)
     loss, optimizer = getattr(result, "loss", None), getattr(result, "optimizer", None)
     if loss is None or optimizer is None:
-        raise ValueError(
+        raise UserError(
             f"{spec} must return a compiled keras.Model (with loss and optimizer) "
             "or a (model, loss, optimizer) tuple"
         )
     return ZooModel(result, loss, optimizer)
+
+
+def _users(where: str, code: Callable[[], Any]) -> Any:
+    """Run the user's own code; what it raises is the user's to fix, named as such."""
+    try:
+        return code()
+    except Exception as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise UserError(f"{where}: your code raised {type(err).__name__}: {first}") from err
 
 
 def _load_function(path: str, name: str) -> Callable[[], Any]:
@@ -163,13 +175,13 @@ def _load_function(path: str, name: str) -> Callable[[], Any]:
     from pathlib import Path
 
     if not Path(path).is_file():
-        raise ValueError(f"model file {path!r} does not exist")
+        raise UserError(f"model file {path!r} does not exist")
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     if spec is None or spec.loader is None:
-        raise ValueError(f"cannot load {path!r} as a Python module")
+        raise UserError(f"cannot load {path!r} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    _users(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"{path!r} has no function {name!r}")
+        raise UserError(f"{path!r} has no function {name!r}")
     return fn

@@ -34,6 +34,7 @@ from simulator import (
     categorized_order,
     compile_program,
 )
+from simulator.errors import UserError
 from simulator.swap import apply_plan as lower_plan
 
 __all__ = ["MODES", "TunedStep", "apply_plan", "planned_graph", "validate_plan"]
@@ -135,7 +136,7 @@ def apply_plan(
     import tensorflow as tf
 
     if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        raise UserError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if mode == "device":
         compute_device, host_device = device_pair(compute_device, host_device)
     order = validate_plan(captured, plan)
@@ -174,7 +175,7 @@ def device_pair(compute: str | None, host: str) -> tuple[str, str]:
     if compute is None:
         gpus = [d for d in sorted(visible) if "GPU" in d]
         if not gpus:
-            raise ValueError(
+            raise UserError(
                 "device mode needs a compute device: no GPU is visible; for a dry run on two "
                 "logical CPUs give compute_device='/device:CPU:0', host_device='/device:CPU:1'"
             )
@@ -182,13 +183,13 @@ def device_pair(compute: str | None, host: str) -> tuple[str, str]:
     compute, host = _canonical(compute), _canonical(host)
     for what, name in (("compute", compute), ("host", host)):
         if name not in visible:
-            raise ValueError(
+            raise UserError(
                 f"{what} device {name} is not visible to TensorFlow (it sees "
                 f"{', '.join(sorted(visible))}); two logical CPUs must be configured before "
                 "TensorFlow starts (autotune.use_two_cpus())"
             )
     if compute == host:
-        raise ValueError(f"compute and host device are both {compute}: nothing would be swapped")
+        raise UserError(f"compute and host device are both {compute}: nothing would be swapped")
     return compute, host
 
 

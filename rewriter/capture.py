@@ -9,6 +9,7 @@ from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
 from rewriter.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
+from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
 
 __all__ = ["CaptureError", "Captured", "capture_function", "import_step", "to_specs"]
@@ -16,7 +17,7 @@ __all__ = ["CaptureError", "Captured", "capture_function", "import_step", "to_sp
 _CALL_ATTRS = ("f", "then_branch", "else_branch", "cond", "body", "branches")
 
 
-class CaptureError(ValueError):
+class CaptureError(UserError):
     """The step cannot be captured as given; the message says what to supply."""
 
 

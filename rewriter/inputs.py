@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from simulator.errors import UserError
+
 __all__ = ["InputError", "batch_of", "conform"]
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """An argument the step cannot take; the message names it and what was expected."""
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rewriter.opsemantics import SHAPE_ONLY, unswappable_ops
+from simulator.errors import UserError
 from simulator.graph import Graph, TensorKind
 from simulator.order import Order, categorized_order
 from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
@@ -58,13 +59,13 @@ class PlanParams:
 
     def __post_init__(self) -> None:
         if self.n_tensors < -1:
-            raise ValueError(f"n_tensors must be -1 (all), 0 (none) or more, got {self.n_tensors}")
+            raise UserError(f"n_tensors must be -1 (all), 0 (none) or more, got {self.n_tensors}")
         if not 1 <= self.lb <= self.ub:
-            raise ValueError(f"need 1 <= lb <= ub, got lb={self.lb}, ub={self.ub}")
+            raise UserError(f"need 1 <= lb <= ub, got lb={self.lb}, ub={self.ub}")
         if self.threshold < 1 or self.groupby < 0:
-            raise ValueError("threshold must be at least 1 and groupby at least 0")
+            raise UserError("threshold must be at least 1 and groupby at least 0")
         if self.trigger not in TRIGGER_STRATEGIES:
-            raise ValueError(f"trigger must be one of {', '.join(TRIGGER_STRATEGIES)}")
+            raise UserError(f"trigger must be one of {', '.join(TRIGGER_STRATEGIES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

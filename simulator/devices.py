@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from simulator.errors import UserError
 from simulator.timing import Link
 
 __all__ = ["PRESETS", "DevicePreset", "get_preset"]
@@ -102,5 +103,5 @@ PRESETS: dict[str, DevicePreset] = {
 def get_preset(name: str) -> DevicePreset:
     """The preset `name`; ValueError listing the presets if there is none."""
     if name not in PRESETS:
-        raise ValueError(f"unknown device preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise UserError(f"unknown device preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.errors import UserError
+
 __all__ = ["InvalidPlan", "Swap", "SwapIn", "SwapPlan"]
 
 
-class InvalidPlan(ValueError):
+class InvalidPlan(UserError):
     """The plan cannot run on this graph: it names missing ops, or reads a tensor on the host."""
 
 

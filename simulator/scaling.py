@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor
 
 __all__ = ["BatchFamily", "ScalingError", "affine_costs"]
@@ -20,7 +21,7 @@ __all__ = ["BatchFamily", "ScalingError", "affine_costs"]
 MIN_BATCH = 2
 
 
-class ScalingError(ValueError):
+class ScalingError(UserError):
     """Two captures do not form an affine family, or a batch size is outside it."""
 
 

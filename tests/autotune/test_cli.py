@@ -134,3 +134,42 @@ def test_an_error_raised_after_ctrl_c_ends_as_the_interrupt(
         signal.signal(signal.SIGINT, handler)
     err = capsys.readouterr().err
     assert "resume" in err and "Traceback" not in err
+
+
+def test_a_bug_in_the_tool_is_reported_as_one_and_not_as_bad_input(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import autotune.cli as cli
+
+    def broken(_args: object) -> int:
+        return {}["missing"]  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(cli, "cmd_models", broken)
+    assert cli.main(["models"]) == 1
+    err = capsys.readouterr().err
+    assert "internal error: KeyError: 'missing' (at test_cli.py:" in err
+    assert "--debug" in err and "Traceback" not in err
+    with pytest.raises(KeyError):
+        cli.main(["--debug", "models"])
+
+
+def test_bad_input_raised_deep_inside_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import autotune.cli as cli
+    from simulator.errors import UserError
+
+    def refuses(_args: object) -> int:
+        raise UserError("lb must not exceed ub\nsecond line")
+
+    monkeypatch.setattr(cli, "cmd_models", refuses)
+    assert cli.main(["models"]) == 2
+    assert capsys.readouterr().err == "autotune: error: lb must not exceed ub\n"
+
+
+@pytest.mark.tf
+def test_an_error_in_the_users_model_file_is_theirs_in_one_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = tmp_path / "mine.py"
+    model.write_text("def build():\n    return 1 / 0\n")
+    out = run_cli("fit", "--model", f"{model}:build", "--batch-size", "2", "--out", str(tmp_path))
+    _one_line_error(out, "your code raised ZeroDivisionError: division by zero")
