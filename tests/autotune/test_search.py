@@ -244,3 +244,18 @@ def test_a_host_limit_makes_plans_that_swap_too_much_infeasible(engine) -> None:
         assert (max(t.user_attrs["constraint"]) <= 0) == feasible
     unlimited = run_study(engine, budget, in_memory_study("tpe", 3), 30)
     assert unlimited.best is not None and unlimited.best.host_peak_bytes > 0
+
+
+@pytest.mark.tf
+def test_tpe_alone_finds_a_fitting_plan_without_warm_starts(engine) -> None:  # type: ignore[no-untyped-def]
+    # the warm starts enqueue the least-memory plan, so a search that only replays them would
+    # pass the other tests; here TPE must find a fitting plan by itself
+    budget = budget_at(engine, 0.5)
+    study = in_memory_study("tpe", 11)
+    out = run_study(engine, budget, study, 40, warm_start=False)
+    assert not any(t.system_attrs.get("fixed_params") for t in out.study.trials)
+    assert out.best is not None and out.best.peak_bytes <= budget.bytes
+    first_fit = next(
+        i for i, t in enumerate(out.study.trials) if max(t.user_attrs["constraint"]) <= 0
+    )
+    assert first_fit < 40

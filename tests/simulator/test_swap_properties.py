@@ -84,3 +84,18 @@ def test_random_plans_with_time_model(g: Graph, p: PlanParams, bw: float, sec: f
     assert r.time is not None and r.time.step_seconds >= r.time.baseline_seconds
     ends = r.time.end()
     assert all(b >= a for a, b in zip(ends, ends[1:]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(training_graphs(), params)
+def test_no_plan_simulates_below_the_lower_bound(g: Graph, p: PlanParams) -> None:
+    from simulator import BFCModel, lower_bound_bytes
+
+    ctx = PlanContext.build(g)
+    plan = derive_plan(ctx, p)
+    program = compile_program(g, ctx.order)
+    bound = lower_bound_bytes(g)
+    live = simulate_plan(program, g, plan).memory
+    assert live.peak_bytes >= bound, (live.peak_bytes, bound)
+    replayed = simulate_plan(program, g, plan, allocator=BFCModel(allow_growth=False)).memory
+    assert replayed.peak_bytes >= bound
