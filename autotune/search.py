@@ -13,7 +13,7 @@ can be met is met early.
 
 The baselines run in the same engine against the same budget: no swapping, the original tool's
 defaults, the original tool's auto-tuner (three one-dimensional binary searches on a memory-only
-simulation, see REFERENCE.md), and random search with as many trials.
+simulation, see docs/method.md), and random search with as many trials.
 """
 
 from __future__ import annotations

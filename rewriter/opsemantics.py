@@ -2,7 +2,7 @@
 
 Forwarding ops return their input's buffer (no new memory). Element-wise kernels call
 `forward_input_or_allocate_output` and take over an input buffer of the output's size when that
-input has no other user. Counting either as new memory over-predicts the peak (REFERENCE.md).
+input has no other user. Counting either as new memory over-predicts the peak (docs/method.md).
 """
 
 from __future__ import annotations

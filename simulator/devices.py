@@ -1,7 +1,7 @@
 """Device presets: memory, host link bandwidth, and the properties the per-op cost model needs.
 
-Link figures are the measured per-direction bandwidths recorded in REFERENCE.md (nominal in
-brackets there); compute properties are the vendors' published SM counts, boost clocks and
+Link figures are the measured per-direction bandwidths in docs/method.md (nominal beside
+them); compute properties are the vendors' published SM counts, boost clocks and
 memory bandwidths, which Grappler's analytical cost model takes as input.
 """
 

@@ -2,7 +2,7 @@
 
 Capturing a step anew for every batch size a search probes is too slow (ResNet-50 takes about
 15 s a trace). A training step's graph has the same ops and edges at every batch size from 2 on,
-and each tensor's shape dimensions, and so its bytes, are affine in the batch size (REFERENCE.md:
+and each tensor's shape dimensions, and so its bytes, are affine in the batch size (docs/method.md:
 ResNet-50 at 2, 3 and 7). So two captures at batches `a` and `b` fix every size exactly, and
 `BatchFamily.at(n)` builds the graph at batch `n` without TensorFlow. `fit` refuses two graphs
 that differ in anything but sizes, or sizes that are not whole steps per sample; batch 1 is
