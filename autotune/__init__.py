@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.api import Simulation, capture, simulate
 from autotune.measure import Measurement, MeasurementError, prepare_measurement
+from autotune.tuning import TuningResult
 from autotune.units import format_bytes, parse_size
 from rewriter.capture import Captured, CaptureError
 
@@ -22,6 +23,7 @@ __all__ = [
     "Measurement",
     "MeasurementError",
     "Simulation",
+    "TuningResult",
     "capture",
     "fit",
     "format_bytes",
@@ -55,7 +57,7 @@ def _is_spec(arg: Any) -> bool:
 def _split(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """Plan options out of `options` (which keeps the capture options)."""
     from autotune.api import PLAN_OPTIONS
-    from rewriter.plan import PlanParams
+    from simulator.derive import PlanParams
 
     plan_kw = {k: options.pop(k) for k in list(options) if k in PLAN_OPTIONS}
     return options, PlanParams(**plan_kw)

@@ -6,10 +6,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from autotune.engine import Engine, Evaluation
 from rewriter.capture import Captured, CaptureError, capture_function
 from rewriter.keras_step import input_specs, is_keras_model, training_step
-from rewriter.plan import PlanParams
 from simulator import (
     DevicePreset,
     Graph,
@@ -22,6 +20,8 @@ from simulator import (
     get_preset,
     scheduled_order,
 )
+from simulator.derive import PlanParams
+from simulator.engine import Engine, Evaluation
 from simulator.errors import UserError
 
 if TYPE_CHECKING:
@@ -268,7 +268,7 @@ def _simulated_graph(
         return graph
     graph = graph.on_cpu()
     if kernels.onednn and schedule != "categorized":
-        from rewriter.onednn import onednn_graph
+        from simulator.onednn import onednn_graph
 
         graph = onednn_graph(graph)
     return graph
@@ -287,8 +287,8 @@ def _schedule_orders(
         return [scheduled_order(graph, profile.priorities())]
     if schedule != "executor":
         return [None]
-    from rewriter.onednn import REWRITTEN_TYPES
-    from rewriter.opsemantics import inline_kernel
+    from simulator.onednn import REWRITTEN_TYPES
+    from simulator.opsemantics import inline_kernel
 
     if device == "GPU:0":  # the executor counts every GPU kernel as inexpensive
         return [executor_order(graph, lambda name: True)]

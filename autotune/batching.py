@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.engine import Engine
 from autotune.search import (
     LEAST_MEMORY_ORDERED,
     Budget,
@@ -28,8 +27,9 @@ from autotune.search import (
     warm_starts,
 )
 from rewriter.capture import Captured
-from rewriter.plan import PlanParams
 from simulator import DevicePreset, lower_bound_bytes
+from simulator.derive import PlanParams
+from simulator.engine import Engine
 from simulator.errors import UserError
 from simulator.scaling import BatchFamily, affine_costs
 

@@ -170,7 +170,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Rewrite a zoo model's step with a plan, run it and the original, compare to prediction."""
     from autotune.verify import limit_gpu_memory, use_two_cpus, verify_captured
-    from rewriter.plan import PlanParams
+    from simulator.derive import PlanParams
 
     params = plan_params(args) or PlanParams()
     limited = args.gpu_memory is not None and limit_gpu_memory(args.gpu_memory)

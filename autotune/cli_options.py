@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from autotune.units import parse_size
-from rewriter.plan import TRIGGER_STRATEGIES, PlanParams
 from simulator import PRESETS, DevicePreset, get_preset
+from simulator.derive import TRIGGER_STRATEGIES, PlanParams
 from simulator.errors import UserError
 
 __all__ = ["add_device_args", "add_plan_args", "device_preset", "plan_params", "size_arg"]

@@ -56,7 +56,7 @@ class SwapCallback(keras.callbacks.Callback):
         }
         self.plan_path = plan
         self.verbose = verbose
-        self.tuned: Any = None  # the TunedGraph, once tuned
+        self.tuned: Any = None  # the TuningResult, once tuned
         self._saved: Any = None
         self._steps: dict[int, Any] = {}
         self._keras_function: Any = None

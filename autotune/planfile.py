@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rewriter.capture import Captured
-from rewriter.plan import PlanParams
 from simulator import InvalidPlan, SwapPlan
+from simulator.derive import PlanParams
 
 __all__ = ["FORMAT", "SavedPlan", "load_plan", "plan_document", "save_plan"]
 

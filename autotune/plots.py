@@ -23,7 +23,7 @@ from simulator.trace import EventKind
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from autotune.engine import Evaluation
+    from simulator.engine import Evaluation
 
 __all__ = [
     "MemoryTimeline",
@@ -217,7 +217,7 @@ def batch_curve(
     points: int = 12,
 ) -> BatchCurve:
     """Simulate both settings on a grid of batch sizes up to past the tuned maximum."""
-    from rewriter.plan import PlanParams
+    from simulator.derive import PlanParams
 
     top = max(max_tuned, max_no_swap, 2)
     grid = sorted({max(2, round(top * 1.15 * i / (points - 1))) for i in range(points)})

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from autotune.tuning import TunedGraph
+    from autotune.tuning import TuningResult
 
 __all__ = ["batches_table", "methods_table", "trials_table", "write_report"]
 
@@ -32,7 +32,7 @@ def _mib(nbytes: int) -> float:
     return round(nbytes / (1 << 20), 2)
 
 
-def methods_table(tuned: TunedGraph) -> pd.DataFrame:
+def methods_table(tuned: TuningResult) -> pd.DataFrame:
     """One row per method at the tuned batch: fits, predicted peak (GiB), overhead, cost."""
     import pandas as pd
 
@@ -63,7 +63,7 @@ def methods_table(tuned: TunedGraph) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def batches_table(tuned: TunedGraph) -> pd.DataFrame | None:
+def batches_table(tuned: TuningResult) -> pd.DataFrame | None:
     """One row per method: the largest batch it fits, as a multiple of the no-swap batch."""
     import pandas as pd
 
@@ -91,7 +91,7 @@ def trials_table(study: Any) -> pd.DataFrame | None:
     return study.trials_dataframe(attrs=("number", "value", "params", "user_attrs", "state"))
 
 
-def figures(tuned: TunedGraph) -> dict[str, Figure]:
+def figures(tuned: TuningResult) -> dict[str, Figure]:
     """Every plot the result supports, by file stem."""
     from autotune import plots
 
@@ -119,7 +119,7 @@ def figures(tuned: TunedGraph) -> dict[str, Figure]:
     return out
 
 
-def write_report(tuned: TunedGraph, directory: Path) -> Path:
+def write_report(tuned: TuningResult, directory: Path) -> Path:
     """Write the report files into `directory` and return the path of report.md."""
     import matplotlib.pyplot as plt
 
@@ -151,7 +151,7 @@ TITLES = {
 }
 
 
-def verification_table(tuned: TunedGraph) -> pd.DataFrame | None:
+def verification_table(tuned: TuningResult) -> pd.DataFrame | None:
     """Measured against predicted peak (MiB) and measured step time, tuned and original; None
     without a verification run."""
     import pandas as pd
@@ -177,7 +177,7 @@ def verification_table(tuned: TunedGraph) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
-def peak_table(tuned: TunedGraph, n: int = 10) -> pd.DataFrame:
+def peak_table(tuned: TuningResult, n: int = 10) -> pd.DataFrame:
     """The largest buffers live at the tuned plan's peak: what a bigger batch runs into."""
     import pandas as pd
 
@@ -190,7 +190,7 @@ def peak_table(tuned: TunedGraph, n: int = 10) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["tensor", "MiB", "buffer"])
 
 
-def _tables(tuned: TunedGraph) -> list[tuple[str, pd.DataFrame]]:
+def _tables(tuned: TuningResult) -> list[tuple[str, pd.DataFrame]]:
     memory = tuned.evaluation.result.memory
     out = [
         ("Methods at this batch (same engine, same budget)", methods_table(tuned)),
@@ -205,7 +205,7 @@ def _tables(tuned: TunedGraph) -> list[tuple[str, pd.DataFrame]]:
     return out
 
 
-def _html(tuned: TunedGraph, images: dict[str, Path]) -> str:
+def _html(tuned: TuningResult, images: dict[str, Path]) -> str:
     import base64
     import html
 
@@ -221,7 +221,7 @@ def _html(tuned: TunedGraph, images: dict[str, Path]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _markdown(tuned: TunedGraph, images: dict[str, Path]) -> str:
+def _markdown(tuned: TuningResult, images: dict[str, Path]) -> str:
     lines = ["# Swap tuning report", "", *_facts(tuned), ""]
     for title, table in _tables(tuned):
         lines += [f"## {title}", "", table.to_markdown(index=False), ""]
@@ -230,7 +230,7 @@ def _markdown(tuned: TunedGraph, images: dict[str, Path]) -> str:
     return "\n".join(lines)
 
 
-def _facts(tuned: TunedGraph) -> list[str]:
+def _facts(tuned: TuningResult) -> list[str]:
     d = tuned.to_dict()
     return [
         f"- device preset: {d['device']}; budget {format_bytes(d['budget_bytes'])} "

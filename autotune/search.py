@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autotune.engine import Engine, Evaluation
-from rewriter.plan import LEAST_MEMORY, TRIGGER_STRATEGIES, PlanParams
+from simulator.derive import LEAST_MEMORY, TRIGGER_STRATEGIES, PlanParams
+from simulator.engine import Engine, Evaluation
 from simulator.errors import UserError
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 `fit` captures the step (or a Keras model's training step), checks the budget against the lower
 bound and the no-swap peak, runs the baselines and our Optuna search on the same engine, and
-returns a `TunedGraph`: callable like the step, with the parameters, the plan, the prediction,
+returns a `TuningResult`: callable like the step, with the parameters, the plan, the prediction,
 the rewritten GraphDef, the study and `report(dir)`. With `max_batch=True` it first finds the
 largest batch each method fits (from two captures, see `autotune.batching`), then tunes there.
 """
@@ -18,20 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from autotune.batching import CAPTURE_BATCHES, BatchSearch, StepFamily, largest_batches, method_at
-from autotune.engine import Engine, Evaluation
 from autotune.progress import Progress
 from autotune.search import DEFAULT_SAFETY_RATIO, Budget, Outcome, run_study, warm_starts
 from autotune.studies import default_storage, open_study, study_name
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
-from rewriter.plan import PlanParams
 from simulator import DevicePreset, SwapPlan, get_preset
+from simulator.derive import PlanParams
+from simulator.engine import Engine, Evaluation
 from simulator.errors import UserError
 
 __all__ = [
     "BudgetError",
     "NoFitError",
     "TunedGraph",
+    "TuningResult",
     "fit",
     "resolve_host_memory",
     "tune_captured",
@@ -52,7 +53,7 @@ class NoFitError(UserError):
 
 
 @dataclass
-class TunedGraph:
+class TuningResult:
     """The tuned step and everything the tuning found; call it like the original step."""
 
     batch_size: int | None
@@ -82,7 +83,7 @@ class TunedGraph:
     def fits(self) -> bool:
         return self.budget.admits(self.evaluation)
 
-    def check_fits(self) -> TunedGraph:
+    def check_fits(self) -> TuningResult:
         """Self, or NoFitError in the form: target, achieved, original (GiB and bytes)."""
         if self.fits:
             return self
@@ -257,6 +258,10 @@ class TunedGraph:
         return write_report(self, Path(directory))
 
 
+#: The name `TuningResult` had before 0.2; kept for a release.
+TunedGraph = TuningResult
+
+
 def pareto_front(study: Any) -> list[dict[str, Any]]:
     """The trials no other feasible trial beats in both peak and time (two objectives)."""
     return [
@@ -293,7 +298,7 @@ def tune_captured(
     objectives: int = 1,
     batch_size: int | None = None,
     progress: Progress | None = None,
-) -> TunedGraph:
+) -> TuningResult:
     """Tune one captured step on its engine: baselines, then our study (resumed if stored)."""
     check_budget(engine, budget)
     start = time.perf_counter()
@@ -313,7 +318,7 @@ def tune_captured(
         )  # fmt: skip
         outcomes["ours"] = ours
         best = ours.shown or baseline
-    return TunedGraph(
+    return TuningResult(
         batch_size,
         budget,
         engine.device or get_preset(DEFAULT_DEVICE),
@@ -364,7 +369,7 @@ def fit(
     optimizer: Any = None,
     batch_size: int | None = None,
     input_shape: tuple[int, ...] | None = None,
-) -> TunedGraph:
+) -> TuningResult:
     """Find the fastest swap plan whose predicted peak fits `gpu_memory` x `safety_ratio` on
     `device` (a preset name; `gpu_memory` defaults to its memory) and whose swapped tensors
     fit `host_memory` on the host (default: on a GPU machine the smaller of free RAM and
@@ -490,7 +495,7 @@ def _fit_max_batch(
     study: str | None,
     bars: Progress,
     **opts: Any,
-) -> TunedGraph:
+) -> TuningResult:
     """Capture at two batches (the given one and its double, so that per-op costs are of that
     size; else 16 and 32), find each method's largest batch, tune ours there (`opts` are
     tune_captured's: trials, seed, storage, objectives; and the given batch_size)."""

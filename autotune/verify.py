@@ -18,8 +18,8 @@ from typing import Any
 from autotune.gating import GatingReport, check_gating, executed_partitions
 from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
-from rewriter.plan import PlanParams
 from simulator import BFCModel, Graph, SimResult, SwapPlan, compile_program, simulate_plan
+from simulator.derive import PlanParams
 
 __all__ = [
     "Run",
@@ -124,7 +124,7 @@ def plan_for(captured: Captured, plan: PlanParams | SwapPlan) -> SwapPlan:
     edges `serialize` finds there)."""
     if isinstance(plan, SwapPlan):
         return plan
-    from autotune.engine import Engine
+    from simulator.engine import Engine
 
     return Engine.build(captured.graph).evaluate(plan, allocator=False, timed=False).plan
 

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
-from rewriter.opsemantics import foldable_ops
-from rewriter.plan import check_plan
 from simulator import (
     Graph,
     GraphError,
@@ -34,8 +32,10 @@ from simulator import (
     categorized_order,
     compile_program,
 )
+from simulator.derive import check_plan
 from simulator.errors import UserError
-from simulator.swap import apply_plan as lower_plan
+from simulator.opsemantics import foldable_ops
+from simulator.swap import lower_plan
 
 __all__ = ["MODES", "TunedStep", "apply_plan", "planned_graph", "validate_plan"]
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
-from rewriter.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
+from simulator.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
 
 __all__ = ["CaptureError", "Captured", "capture_function", "import_step", "to_specs"]
 

@@ -80,7 +80,7 @@ def cpu_scratch_bytes(
     kernels: CpuKernels,
 ) -> int | None:
     """Bytes the CPU kernel of `op_type` allocates for itself while it runs, or None when it
-    is what `rewriter.opsemantics.scratch_bytes` says for every device (oneDNN builds, and op
+    is what `simulator.opsemantics.scratch_bytes` says for every device (oneDNN builds, and op
     types without a CPU-specific buffer). Raise ValueError when a needed size is unknown."""
     if kernels.onednn:
         return None

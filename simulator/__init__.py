@@ -32,7 +32,7 @@ from simulator.order import (
 )
 from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
 from simulator.run import PlanResult, simulate_plan
-from simulator.swap import apply_plan
+from simulator.swap import lower_plan
 from simulator.timing import Link, Timeline, TimeResult, Transfer, simulate_time
 from simulator.trace import Event, EventKind, Trace
 
@@ -48,7 +48,7 @@ __all__ = [
     "TimeResult",
     "Timeline",
     "Transfer",
-    "apply_plan",
+    "lower_plan",
     "get_preset",
     "lower_bound_bytes",
     "simulate_plan",

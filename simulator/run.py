@@ -8,7 +8,7 @@ from simulator.allocator import BFCModel, with_allocator
 from simulator.graph import Graph
 from simulator.memory import Program, SimResult, paused_gc, simulate_memory
 from simulator.plan import SwapPlan
-from simulator.swap import apply_plan
+from simulator.swap import lower_plan
 from simulator.timing import Link, Timeline, TimeResult, simulate_time
 
 __all__ = ["PlanResult", "simulate_plan"]
@@ -59,7 +59,7 @@ def _simulate_plan(
     timing = None
     if timeline is not None and link is not None:
         timing = simulate_time(graph, timeline, plan, link)
-    lowered = apply_plan(program, graph, plan, timing.released if timing else None)
+    lowered = lower_plan(program, graph, plan, timing.released if timing else None)
     memory = simulate_memory(lowered)
     if allocator is not None:
         memory = with_allocator(memory, allocator)

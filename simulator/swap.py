@@ -15,10 +15,10 @@ from simulator.graph import Graph
 from simulator.memory import Program, _Out, added_visits
 from simulator.plan import InvalidPlan, Swap, SwapPlan
 
-__all__ = ["apply_plan"]
+__all__ = ["lower_plan"]
 
 
-def apply_plan(
+def lower_plan(
     program: Program, graph: Graph, plan: SwapPlan, release: dict[str, int] | None = None
 ) -> Program:
     """`program` with `plan` applied; `release` gives, per tensor, the step by which its copy to

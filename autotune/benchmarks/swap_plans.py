@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.benchmarks.common import write_result
 from autotune.units import format_bytes
-from rewriter.plan import PlanParams
+from simulator.derive import PlanParams
 
 SETTINGS: list[tuple[str, PlanParams]] = [
     ("no swapping", PlanParams(n_tensors=0)),

@@ -2,8 +2,8 @@ import pytest
 
 from autotune.batching import METHODS, StepFamily, largest_batches, largest_possible
 from autotune.search import Budget
-from rewriter.plan import PlanParams
 from simulator import compile_program, get_preset, simulate_memory
+from simulator.derive import PlanParams
 from simulator.scaling import BatchFamily
 
 pytestmark = pytest.mark.tf

@@ -26,7 +26,7 @@ CNN = (
 from autotune.api import capture
 from autotune.measure import example_tensors
 from autotune.zoo import get_entry
-from rewriter.plan import PlanContext, PlanParams, derive_plan
+from simulator.derive import PlanContext, PlanParams, derive_plan
 a, b = get_entry("tiny-cnn").build(seed=5), get_entry("tiny-cnn").build(seed=5)
 ca = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=4)
 cb = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=4)

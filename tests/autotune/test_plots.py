@@ -8,9 +8,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from autotune import plots  # noqa: E402
-from autotune.engine import Engine  # noqa: E402
-from rewriter.plan import PlanParams  # noqa: E402
 from simulator import Link, get_preset  # noqa: E402
+from simulator.derive import PlanParams  # noqa: E402
+from simulator.engine import Engine  # noqa: E402
 from tests.simulator.builders import training_chain  # noqa: E402
 
 

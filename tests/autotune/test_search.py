@@ -20,7 +20,7 @@ from autotune.search import (
     stop_when_fits,
     warm_starts,
 )
-from rewriter.plan import PlanParams
+from simulator.derive import PlanParams
 
 RESULTS = Path(__file__).parents[2] / "results" / "simulator_accuracy.json"
 
@@ -209,8 +209,8 @@ def test_warm_starts_add_the_autotuners_pick_on_the_step_with_order_edges(engine
 
 
 def test_a_cost_model_that_gives_no_time_leaves_the_time_model_off() -> None:
-    from autotune.engine import Engine
     from simulator import get_preset
+    from simulator.engine import Engine
     from tests.simulator.builders import training_chain
 
     g = training_chain()

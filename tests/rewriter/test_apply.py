@@ -10,11 +10,9 @@ from hypothesis import strategies as st
 tf = pytest.importorskip("tensorflow")
 
 from autotune.api import capture  # noqa: E402
-from autotune.engine import Engine  # noqa: E402
 from autotune.measure import example_tensors  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
 from rewriter.apply import apply_plan, planned_graph  # noqa: E402
-from rewriter.plan import PlanContext, PlanParams, derive_plan  # noqa: E402
 from simulator import (  # noqa: E402
     InvalidPlan,
     SwapIn,
@@ -24,6 +22,8 @@ from simulator import (  # noqa: E402
     simulate_memory,
     simulate_plan,
 )
+from simulator.derive import PlanContext, PlanParams, derive_plan  # noqa: E402
+from simulator.engine import Engine  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -269,7 +269,7 @@ def test_a_depthwise_separable_cnn_with_adam_trains_bitwise_like_the_original(mo
 def test_mixed_precision_steps_train_bitwise_like_the_original(model: str, policy: str) -> None:
     # under mixed_float16 the optimizer is a LossScaleOptimizer, whose step holds a tf.cond;
     # swapping GELU's constant 0.5 cast to bfloat16, or its -x / sqrt(2) under float16, had
-    # changed the step (see rewriter.opsemantics.unswappable_ops)
+    # changed the step (see simulator.opsemantics.unswappable_ops)
     import keras
 
     keras.mixed_precision.set_global_policy(policy)

@@ -6,8 +6,8 @@ import keras  # noqa: E402
 from autotune.api import capture  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
 from rewriter.capture import CaptureError, _broadcast_reduction, capture_function  # noqa: E402
-from rewriter.opsemantics import fused_together  # noqa: E402
 from simulator import TensorKind, categorized_order, compile_program  # noqa: E402
+from simulator.opsemantics import fused_together  # noqa: E402
 
 pytestmark = pytest.mark.tf
 

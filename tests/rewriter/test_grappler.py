@@ -25,7 +25,7 @@ from autotune.measure import example_tensors
 from autotune.verify import plan_for
 from autotune.zoo import get_entry
 from rewriter.apply import apply_plan
-from rewriter.plan import PlanParams
+from simulator.derive import PlanParams
 
 def approximate_gelu_transformer():
     tokens = keras.Input((16,), dtype="int32")

@@ -140,8 +140,8 @@ def test_scratch_memory_counts_only_while_its_op_runs() -> None:
 
 
 def test_host_by_step_follows_the_host_column_like_live_by_step() -> None:
-    from rewriter.plan import PlanContext, PlanParams, derive_plan
     from simulator import simulate_plan
+    from simulator.derive import PlanContext, PlanParams, derive_plan
     from tests.simulator.builders import training_chain
 
     g = training_chain()

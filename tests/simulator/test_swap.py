@@ -3,7 +3,6 @@ from dataclasses import replace
 
 import pytest
 
-from rewriter.plan import PlanContext, PlanParams, derive_plan
 from simulator import (
     BFCModel,
     InvalidPlan,
@@ -16,6 +15,7 @@ from simulator import (
     simulate_memory,
     simulate_plan,
 )
+from simulator.derive import PlanContext, PlanParams, derive_plan
 from tests.simulator.builders import add, training_chain, unet_skip
 
 

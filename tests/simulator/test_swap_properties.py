@@ -5,8 +5,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewriter.plan import PlanContext, PlanParams, check_plan, derive_plan
 from simulator import EventKind, Graph, Link, TensorKind, Timeline, compile_program, simulate_plan
+from simulator.derive import PlanContext, PlanParams, check_plan, derive_plan
 from tests.simulator.builders import add
 
 

@@ -1,4 +1,4 @@
-from rewriter.opsemantics import scratch_bytes
+from simulator.opsemantics import scratch_bytes
 
 
 def test_sparse_cross_entropy_holds_a_temporary_the_size_of_its_loss() -> None:
@@ -13,8 +13,8 @@ def test_element_wise_ops_hold_no_temporary() -> None:
 
 
 def test_constants_and_what_grappler_rewrites_around_them_are_not_swapped() -> None:
-    from rewriter.opsemantics import foldable_ops, unswappable_ops
     from simulator import Graph, TensorKind
+    from simulator.opsemantics import foldable_ops, unswappable_ops
     from tests.simulator.builders import add
 
     g = Graph()

@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rewriter.opsemantics import fused_together
-from rewriter.plan import LEAST_MEMORY, PlanContext, PlanParams, derive_plan
 from simulator import (
     BFCModel,
     DevicePreset,
@@ -31,8 +29,10 @@ from simulator import (
     lower_bound_bytes,
     simulate_plan,
 )
+from simulator.derive import LEAST_MEMORY, PlanContext, PlanParams, derive_plan
 from simulator.memory import paused_gc
-from simulator.serialize import Edge, find_order_edges
+from simulator.opsemantics import fused_together
+from simulator.order_edges import Edge, find_order_edges
 
 __all__ = ["Engine", "Evaluation"]
 

@@ -10,7 +10,7 @@ from simulator import (
     compile_program,
     simulate_memory,
 )
-from simulator.serialize import find_order_edges
+from simulator.order_edges import find_order_edges
 from tests.simulator.builders import add, random_graphs
 
 

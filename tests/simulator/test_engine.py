@@ -1,5 +1,5 @@
-from autotune.engine import Engine
-from rewriter.plan import PlanParams
+from simulator.derive import PlanParams
+from simulator.engine import Engine
 from tests.simulator.builders import training_branches, training_chain
 
 

@@ -15,9 +15,9 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rewriter.opsemantics import SHAPE_ONLY, unswappable_ops
 from simulator.errors import UserError
 from simulator.graph import Graph, TensorKind
+from simulator.opsemantics import SHAPE_ONLY, unswappable_ops
 from simulator.order import Order, categorized_order
 from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
 
@@ -41,7 +41,7 @@ class PlanParams:
     """The swap parameters; the defaults are the original tool's (n_tensors=-1, lb=1, ub=10000).
 
     `serialize` (ours, not the original tool's) adds the order edges that lower the step's
-    least-memory peak (`simulator.serialize`); the engine that evaluates the plan finds them.
+    least-memory peak (`simulator.order_edges`); the engine that evaluates the plan finds them.
     """
 
     n_tensors: int = -1
