@@ -10,13 +10,12 @@ tf.function step with example args, or a Keras model with `loss=`, `optimizer=` 
 
 from __future__ import annotations
 
-from typing import Any
-
+from autotune.actions import fit, measure, rewrite, use_two_cpus, verify
 from autotune.api import Simulation, capture, simulate
-from autotune.measure import Measurement, MeasurementError, prepare_measurement
-from autotune.tuning import TuningResult
+from autotune.run.measure import Measurement, MeasurementError, prepare_measurement
+from autotune.search.tuning import TuningResult
 from autotune.units import format_bytes, parse_size
-from rewriter.capture import Captured, CaptureError
+from rewriter.capture import CaptureError
 
 __all__ = [
     "CaptureError",
@@ -35,96 +34,3 @@ __all__ = [
     "use_two_cpus",
     "verify",
 ]
-
-
-def measure(
-    step: Any, *example_args: Any, repeats: int = 3, warmup: int = 1, **options: Any
-) -> Measurement:
-    """Capture `step` (see `capture`) and measure its peak and resident bytes on the device,
-    after `warmup` steps, as the median of `repeats` steps."""
-    from autotune.measure import measure as _measure
-
-    captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
-    real = [a for a in example_args if not _is_spec(a)] if example_args else []
-    args = real if len(real) == len(captured.specs) else []
-    return _measure(captured, *args, repeats=repeats, warmup=warmup)
-
-
-def _is_spec(arg: Any) -> bool:
-    return type(arg).__name__ == "TensorSpec"
-
-
-def _split(options: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """Plan options out of `options` (which keeps the capture options)."""
-    from autotune.api import PLAN_OPTIONS
-    from simulator.derive import PlanParams
-
-    plan_kw = {k: options.pop(k) for k in list(options) if k in PLAN_OPTIONS}
-    return options, PlanParams(**plan_kw)
-
-
-def rewrite(
-    step: Any,
-    *example_args: Any,
-    mode: str | None = None,
-    compute_device: str | None = None,
-    host_device: str | None = None,
-    plan: Any = None,
-    **options: Any,
-) -> Any:
-    """The tuned step for the plan that `n_tensors=`, `lb=`, `ub=`, ... give, or for `plan=`
-    (a plan file that `fit` wrote, e.g. runs/x/plan.json): callable like the original, with
-    `.graph_def` and `.plan`. On a GPU if TensorFlow sees one (swap ops on the host device),
-    else emulated. `mode="device"` with `compute_device="/device:CPU:0",
-    host_device="/device:CPU:1"` builds the GPU form on two logical CPUs (`use_two_cpus`)."""
-    from autotune.verify import rewrite_captured
-
-    options, params = _split(options)
-    captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
-    given = {"mode": mode, "compute_device": compute_device, "host_device": host_device}
-    return rewrite_captured(
-        captured, _plan(plan, captured) or params, **{k: v for k, v in given.items() if v}
-    )
-
-
-def _plan(plan: Any, captured: Captured) -> Any:
-    """The SwapPlan `plan=` names for `captured`: a plan file's path or a SavedPlan (checked
-    against the step's graph and batch), a SwapPlan itself, or None."""
-    from autotune.planfile import SavedPlan, load_plan
-    from rewriter.inputs import batch_of
-    from simulator import SwapPlan
-
-    if plan is None or isinstance(plan, SwapPlan):
-        return plan
-    saved = plan if isinstance(plan, SavedPlan) else load_plan(plan)
-    return saved.for_step(captured, batch_of(list(captured.specs)))
-
-
-def verify(
-    step: Any, *example_args: Any, steps: int = 3, dry_run: bool = False, **options: Any
-) -> Any:
-    """Run the tuned step (plan options as for `rewrite`) and the original on the device and
-    report measured peaks and times next to the simulator's prediction, and on a GPU whether
-    each swap-in waited for its trigger. Without a GPU, `dry_run` checks that on two logical
-    CPUs (call `use_two_cpus()` before TensorFlow starts)."""
-    from autotune.verify import verify_captured
-
-    options, params = _split(options)
-    captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
-    return verify_captured(captured, params, steps=steps, dry_run=dry_run)
-
-
-def use_two_cpus() -> None:
-    """Split the CPU into two logical devices (CPU:0 computes, CPU:1 is the host) for a dry run
-    of the GPU form of a tuned step; call before TensorFlow initializes its devices."""
-    from autotune.verify import use_two_cpus as _use_two_cpus
-
-    _use_two_cpus()
-
-
-def fit(step_or_model: Any, *example_args: Any, **options: Any) -> Any:
-    """Search the fastest swap plan that fits `gpu_memory=` on `device=` and return the tuned
-    step (see `autotune.tuning.fit` for the keyword-only options)."""
-    from autotune.tuning import fit as _fit
-
-    return _fit(step_or_model, *example_args, **options)

@@ -25,7 +25,7 @@ from simulator.engine import Engine, Evaluation
 from simulator.errors import UserError
 
 if TYPE_CHECKING:
-    from autotune.profile import Profile
+    from autotune.run.profile import Profile
     from rewriter.cpukernels import CpuKernels
 
 __all__ = ["Simulation", "capture", "simulate"]
@@ -133,7 +133,10 @@ def capture(
     batch_size: int | None = None,
     input_shape: tuple[int, ...] | None = None,
 ) -> Captured:
-    """Capture a tf.function step with example args, or a Keras model with loss and optimizer."""
+    """Capture a tf.function step with example args, or a Keras model with loss and optimizer
+    (a step captured already is returned as it is)."""
+    if isinstance(step, Captured):
+        return step
     if not is_keras_model(step):
         if not example_args:
             raise CaptureError("give example arguments (tensors or tf.TensorSpecs) for the step")
@@ -184,7 +187,7 @@ def simulate(
     in a profiled step on the current device.
     """
     plan_kw = {k: options.pop(k) for k in list(options) if k in PLAN_OPTIONS}
-    captured = step if isinstance(step, Captured) else capture(step, *example_args, **options)
+    captured = capture(step, *example_args, **options)
     params = PlanParams(**plan_kw) if plan_kw else None
     return simulate_captured(captured, schedule=schedule, device=device, params=params, costs=costs)
 
@@ -201,7 +204,7 @@ def simulate_captured(
     _check_choice("schedule", schedule, SCHEDULES)
     _check_choice("costs", costs, COSTS)
     preset = get_preset(device) if isinstance(device, str) else device
-    from autotune.measure import current_device
+    from autotune.run.measure import current_device
     from rewriter.cpukernels import cpu_kernels
 
     device_name = current_device()
@@ -210,7 +213,7 @@ def simulate_captured(
     graph = _simulated_graph(captured, schedule, device_name, kernels)
     profile = None
     if schedule == "recorded" or (preset is not None and costs == "measured"):
-        from autotune.profile import record_profile
+        from autotune.run.profile import record_profile
 
         profile = record_profile(captured, graph=graph)
     orders = _schedule_orders(schedule, graph, device_name, profile, kernels)

@@ -20,8 +20,8 @@ from typing import Any
 
 import keras
 
-from autotune.search import DEFAULT_SAFETY_RATIO
-from autotune.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
+from autotune.search.core import DEFAULT_SAFETY_RATIO
+from autotune.search.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
 from simulator.errors import UserError
 
 __all__ = ["SwapCallback"]
@@ -125,7 +125,7 @@ class SwapCallback(keras.callbacks.Callback):
         return self._tune(tensors, batch)
 
     def _tune(self, tensors: list[Any], batch: int) -> Any:
-        from autotune.tuning import fit
+        from autotune.search.tuning import fit
         from autotune.units import format_sized
 
         self.tuned = fit(self._step, *tensors, progress=self.verbose > 0, **self.options)
@@ -148,7 +148,7 @@ class SwapCallback(keras.callbacks.Callback):
     def _from_plan(self, tensors: list[Any], batch: int) -> Any:
         from autotune.api import capture
         from autotune.planfile import load_plan
-        from autotune.verify import rewrite_captured
+        from autotune.run.verify import rewrite_captured
 
         if self._saved is None:
             self._saved = load_plan(self.plan_path)  # type: ignore[arg-type]

@@ -46,7 +46,7 @@ class SavedPlan:
             )
         if batch_size == self.batch_size or not self.plan.swaps:
             return self.plan
-        from autotune.verify import plan_for
+        from autotune.run.verify import plan_for
 
         return plan_for(captured, self.params)
 

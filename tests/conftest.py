@@ -7,6 +7,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 if importlib.util.find_spec("tensorflow") is not None:
-    from autotune.verify import use_two_cpus
+    from autotune.run.verify import use_two_cpus
 
     use_two_cpus()

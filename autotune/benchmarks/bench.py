@@ -51,7 +51,7 @@ def _order_edges(out: Path, quick: bool) -> None:
 
 
 def _report(out: Path, quick: bool) -> None:
-    from autotune.tuning import fit
+    from autotune.search.tuning import fit
     from autotune.zoo import get_entry
 
     model = "tiny-cnn" if quick else "resnet50"

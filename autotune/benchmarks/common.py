@@ -17,7 +17,7 @@ def cli_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     return the JSON it printed last."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     out = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args, "--json"],
+        [sys.executable, "-m", "autotune.cli.main", *args, "--json"],
         capture_output=True,
         text=True,
         env=env,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.batching import (
+from autotune.search.batching import (
     METHODS,
     BatchSearch,
     CapturedSteps,
@@ -31,7 +31,7 @@ from autotune.batching import (
     largest_possible,
     method_at,
 )
-from autotune.search import Budget
+from autotune.search.core import Budget
 from autotune.units import format_bytes
 
 PAPER = {"resnet50": "4.9x batch (ISMM 2019)", "unet3d": "5.6x resolution (ISMM 2019)"}

@@ -12,7 +12,7 @@ from typing import Any
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args],
+        [sys.executable, "-m", "autotune.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -1,7 +1,7 @@
 import pytest
 
-from autotune.batching import METHODS, StepFamily, largest_batches, largest_possible
-from autotune.search import Budget
+from autotune.search.batching import METHODS, StepFamily, largest_batches, largest_possible
+from autotune.search.core import Budget
 from simulator import compile_program, get_preset, simulate_memory
 from simulator.derive import PlanParams
 from simulator.scaling import BatchFamily

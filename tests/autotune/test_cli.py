@@ -61,7 +61,7 @@ class Block:
         if name.split(".")[0] == "tensorflow":
             raise ImportError("No module named 'tensorflow'")
 sys.meta_path.insert(0, Block())
-from autotune.cli import main
+from autotune.cli.main import main
 sys.exit(main(["simulate", "--model", "tiny-cnn", "--batch-size", "2"]))
 """
 
@@ -98,7 +98,7 @@ def test_a_recorded_schedule_refuses_order_edges() -> None:
 
 
 def test_an_error_raised_while_handling_ctrl_c_still_reads_as_an_interrupt() -> None:
-    from autotune.cli import _caused_by_interrupt
+    from autotune.cli.main import _caused_by_interrupt
 
     try:
         try:
@@ -118,8 +118,8 @@ def test_an_error_raised_after_ctrl_c_ends_as_the_interrupt(
     reach." after SQLite's "cannot start a transaction within a transaction")."""
     import signal
 
-    from autotune import cli
-    from autotune.search import INTERRUPTED
+    import autotune.cli.main as cli
+    from autotune.search.core import INTERRUPTED
 
     def interrupted_in_a_transaction(_args: object) -> int:
         INTERRUPTED.set()
@@ -139,7 +139,7 @@ def test_an_error_raised_after_ctrl_c_ends_as_the_interrupt(
 def test_a_bug_in_the_tool_is_reported_as_one_and_not_as_bad_input(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import autotune.cli as cli
+    import autotune.cli.main as cli
 
     def broken(_args: object) -> int:
         return {}["missing"]  # type: ignore[no-any-return]
@@ -156,7 +156,7 @@ def test_a_bug_in_the_tool_is_reported_as_one_and_not_as_bad_input(
 def test_bad_input_raised_deep_inside_is_still_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import autotune.cli as cli
+    import autotune.cli.main as cli
     from simulator.errors import UserError
 
     def refuses(_args: object) -> int:

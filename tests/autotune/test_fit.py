@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import autotune
-from autotune.tuning import BudgetError
+from autotune.search.tuning import BudgetError
 
 pytestmark = pytest.mark.tf
 
@@ -126,7 +126,7 @@ def test_max_batch_for_a_custom_step(tmp_path) -> None:  # type: ignore[no-untyp
     }  # fmt: skip
     # the plan simulated on the graph built from two captures applies to the step captured at
     # the batch found, as it is (order edges included)
-    from autotune.measure import example_tensors
+    from autotune.run.measure import example_tensors
 
     assert np.isfinite(tuned(*example_tensors(tuned.captured.specs)).numpy())
     assert tuned.plan.swaps and tuned.step.plan == tuned.plan

@@ -156,7 +156,7 @@ def start_fit(out: Path, trials: int, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     args = ["fit", *TINY, "--batch-size", "256", "--trials", str(trials), "--out", str(out)]
     return subprocess.Popen(
-        [sys.executable, "-m", "autotune.cli", *args, *extra],
+        [sys.executable, "-m", "autotune.cli.main", *args, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

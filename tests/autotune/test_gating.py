@@ -13,10 +13,10 @@ PRELUDE = """
 import json, os, time
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tensorflow as tf
-from autotune.verify import use_two_cpus
+from autotune.run.verify import use_two_cpus
 use_two_cpus()
 import numpy as np
-from autotune.gating import _profile, check_gating, executed_partitions
+from autotune.run.gating import _profile, check_gating, executed_partitions
 from rewriter.apply import TunedStep, apply_plan
 """
 
@@ -24,7 +24,7 @@ CNN = (
     PRELUDE
     + """
 from autotune.api import capture
-from autotune.measure import example_tensors
+from autotune.run.measure import example_tensors
 from autotune.zoo import get_entry
 from simulator.derive import PlanContext, PlanParams, derive_plan
 a, b = get_entry("tiny-cnn").build(seed=5), get_entry("tiny-cnn").build(seed=5)

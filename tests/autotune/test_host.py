@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune.host import (
+from autotune.search.host import (
     PINNED_ENV,
     default_host_memory,
     free_ram_bytes,

@@ -36,7 +36,7 @@ def test_measured_peak_exceeds_resident() -> None:
 
 
 COUNTED = """
-from autotune.measure import prepare_measurement
+from autotune.run.measure import prepare_measurement
 prepare_measurement()
 import tensorflow as tf
 import autotune

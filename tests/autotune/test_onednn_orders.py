@@ -10,10 +10,10 @@ import pytest
 
 _ORDERS = r"""
 import json, sys
-from autotune.measure import prepare_measurement
+from autotune.run.measure import prepare_measurement
 prepare_measurement()
 from autotune.api import _simulated_graph, capture
-from autotune.profile import record_profile
+from autotune.run.profile import record_profile
 from autotune.zoo import get_entry
 from rewriter.cpukernels import cpu_kernels
 from simulator.onednn import REWRITTEN_TYPES

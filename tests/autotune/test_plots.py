@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from autotune import plots  # noqa: E402
+from autotune.report import plots  # noqa: E402
 from simulator import Link, get_preset  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
@@ -58,7 +58,7 @@ def test_batch_curve_grid_reaches_past_the_largest_batch(engine: Engine) -> None
 
 
 def test_search_plots_come_from_optuna(engine: Engine) -> None:
-    from autotune.search import Budget, in_memory_study, run_study
+    from autotune.search.core import Budget, in_memory_study, run_study
 
     out = run_study(engine, Budget(1 << 20, 1.0), in_memory_study("tpe", 0), 6)
     figs = plots.render_search(out.study)

@@ -20,10 +20,10 @@ pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 _RECORD = r"""
 import json, sys
-from autotune.measure import example_tensors, prepare_measurement
+from autotune.run.measure import example_tensors, prepare_measurement
 prepare_measurement()
 from autotune.api import capture
-from autotune.profile import record_allocation_history
+from autotune.run.profile import record_allocation_history
 from autotune.zoo import get_entry
 
 def build():

@@ -2,7 +2,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from autotune.report import _facts
+from autotune.report.write import _facts
 
 SUMMARY = Path(__file__).parents[2] / "results" / "report_resnet50" / "summary.json"
 

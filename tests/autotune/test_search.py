@@ -5,20 +5,22 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.search import (
+from autotune.search.baselines import (
+    _original_search,
+    largest,
+    original_autotuner,
+    warm_starts,
+)
+from autotune.search.core import (
     DEFAULT_SAFETY_RATIO,
     INTERRUPTED,
     Budget,
     Space,
-    _original_search,
     in_memory_study,
-    largest,
-    original_autotuner,
     random_search,
     run_study,
     single_plan,
     stop_when_fits,
-    warm_starts,
 )
 from simulator.derive import PlanParams
 

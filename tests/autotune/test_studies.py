@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.studies import StorageError, open_study, study_name
+from autotune.search.studies import StorageError, open_study, study_name
 
 
 def _open(url: str) -> int:
@@ -41,7 +41,7 @@ def test_sqlite_transactions_take_the_write_lock_when_they_begin(tmp_path: Path)
     # the lock from its BEGIN, so another cannot even begin (pysqlite alone would begin lazily)
     import sqlite3
 
-    from autotune.studies import _storage
+    from autotune.search.studies import _storage
 
     db = tmp_path / "lock.db"
     engine = _storage(f"sqlite:///{db}").engine
@@ -60,7 +60,7 @@ def _proposals(study, n: int) -> list[float]:  # type: ignore[no-untyped-def]
 
 
 def test_the_same_seed_proposes_the_same_plans_with_or_without_a_database(tmp_path: Path) -> None:
-    from autotune.search import in_memory_study
+    from autotune.search.core import in_memory_study
 
     memory = _proposals(in_memory_study("tpe", 5), 12)
     stored = _proposals(open_study(f"sqlite:///{tmp_path / 'a.db'}", "s", seed=5), 12)

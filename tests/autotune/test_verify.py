@@ -60,7 +60,7 @@ def test_gpu_memory_limit_without_a_gpu_says_so_and_runs_emulated() -> None:
 def test_limit_gpu_memory_is_a_no_op_without_a_gpu() -> None:
     import tensorflow as tf
 
-    from autotune.verify import limit_gpu_memory
+    from autotune.run.verify import limit_gpu_memory
 
     if tf.config.list_physical_devices("GPU"):
         pytest.skip("a GPU is visible: the limit applies there")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 tf = pytest.importorskip("tensorflow")
 
 from autotune.api import capture  # noqa: E402
-from autotune.measure import example_tensors  # noqa: E402
+from autotune.run.measure import example_tensors  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
 from rewriter.apply import apply_plan, planned_graph  # noqa: E402
 from simulator import (  # noqa: E402

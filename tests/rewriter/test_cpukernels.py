@@ -74,7 +74,7 @@ def test_max_pool_grad_keeps_the_pooled_output_and_its_int64_argmax() -> None:
 
 _RECORD = r"""
 import collections, glob, json, sys, tempfile
-from autotune.measure import example_tensors, prepare_measurement
+from autotune.run.measure import example_tensors, prepare_measurement
 prepare_measurement()
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2

@@ -21,8 +21,8 @@ import json, sys
 import keras
 from keras import layers
 from autotune.api import capture
-from autotune.measure import example_tensors
-from autotune.verify import plan_for
+from autotune.run.measure import example_tensors
+from autotune.run.verify import plan_for
 from autotune.zoo import get_entry
 from rewriter.apply import apply_plan
 from simulator.derive import PlanParams

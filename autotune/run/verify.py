@@ -1,7 +1,7 @@
 """Confirm a plan by running it: measured peak and step time next to the simulator's prediction.
 
 On a GPU the tuned step runs with its swap ops on the host, and the run itself shows whether
-each swap-in waited for its trigger (`autotune.gating`); without one it runs on the emulated
+each swap-in waited for its trigger (`autotune.run.gating`); without one it runs on the emulated
 device (swapped tensors kept outside TensorFlow's allocator, see rewriter.apply), and a dry run
 checks the GPU form of the step on two logical CPUs.
 The tuned step runs first, while the allocator holds only what the warm-up left, then the
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.gating import GatingReport, check_gating, executed_partitions
+from autotune.run.gating import GatingReport, check_gating, executed_partitions
 from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
 from simulator import BFCModel, Graph, SimResult, SwapPlan, compile_program, simulate_plan
@@ -104,7 +104,7 @@ def limit_gpu_memory(nbytes: int) -> bool:
     for a smaller one. Must run before TensorFlow initializes the GPU; False without a GPU."""
     import tensorflow as tf
 
-    from autotune.measure import MeasurementError
+    from autotune.run.measure import MeasurementError
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
@@ -132,7 +132,7 @@ def plan_for(captured: Captured, plan: PlanParams | SwapPlan) -> SwapPlan:
 def rewrite_captured(captured: Captured, plan: PlanParams | SwapPlan, **options: Any) -> TunedStep:
     """Apply `plan` (or derive it from parameters first): on the GPU if TensorFlow sees one
     (swap-outs to the host), else on the emulated device."""
-    from autotune.measure import current_device
+    from autotune.run.measure import current_device
 
     plan = plan_for(captured, plan)
     if current_device() == "GPU:0":
@@ -144,12 +144,12 @@ def verify_captured(
     captured: Captured, plan: PlanParams | SwapPlan, *, steps: int = 3, dry_run: bool = False
 ) -> Verification:
     """Run the tuned and the original step `steps` times after a warm-up each; compare. On a
-    GPU, check that every swap-in waits for its trigger (`autotune.gating`); on the CPU with
+    GPU, check that every swap-in waits for its trigger (`autotune.run.gating`); on the CPU with
     `dry_run`, check the same on the GPU form of the step run on two logical CPUs
     (`use_two_cpus` must have run before TensorFlow started)."""
     import tensorflow as tf
 
-    from autotune.measure import _check_setup, current_device, example_tensors
+    from autotune.run.measure import _check_setup, current_device, example_tensors
 
     _check_setup(tf)
     # the schedule is pinned so that the run follows the order the plan was simulated in; the

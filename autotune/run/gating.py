@@ -201,7 +201,7 @@ def _profile(tuned: TunedStep, inputs: list[Any], names: set[str]) -> list[tuple
     """One step of `tuned` under TensorFlow's profiler: the events of the ops in `names`."""
     import tensorflow as tf
 
-    from autotune.profile import _op_events, _trace_file
+    from autotune.run.profile import _op_events, _trace_file
 
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
     with tempfile.TemporaryDirectory(prefix="autotune-gating-") as logdir:

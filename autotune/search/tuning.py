@@ -4,28 +4,42 @@
 bound and the no-swap peak, runs the baselines and our Optuna search on the same engine, and
 returns a `TuningResult`: callable like the step, with the parameters, the plan, the prediction,
 the rewritten GraphDef, the study and `report(dir)`. With `max_batch=True` it first finds the
-largest batch each method fits (from two captures, see `autotune.batching`), then tunes there.
+largest batch each method fits (from two captures, see `autotune.search.batching`), then
+tunes there.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.batching import CAPTURE_BATCHES, BatchSearch, StepFamily, largest_batches, method_at
 from autotune.progress import Progress
-from autotune.search import DEFAULT_SAFETY_RATIO, Budget, Outcome, run_study, warm_starts
-from autotune.studies import default_storage, open_study, study_name
+from autotune.search.baselines import (
+    warm_starts,
+)
+from autotune.search.batching import (
+    CAPTURE_BATCHES,
+    StepFamily,
+    largest_batches,
+    method_at,
+)
+from autotune.search.core import (
+    DEFAULT_SAFETY_RATIO,
+    Budget,
+    Outcome,
+    run_study,
+)
+from autotune.search.result import BudgetError, NoFitError, TunedGraph, TuningResult
+from autotune.search.studies import default_storage, open_study, study_name
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
-from simulator import DevicePreset, SwapPlan, get_preset
+from simulator import DevicePreset, get_preset
 from simulator.derive import PlanParams
-from simulator.engine import Engine, Evaluation
+from simulator.engine import Engine
 from simulator.errors import UserError
 
 __all__ = [
@@ -38,241 +52,8 @@ __all__ = [
     "tune_captured",
 ]
 
-_log = logging.getLogger("autotune")
-
 DEFAULT_DEVICE = "v100-16gb-nvlink2"
 DEFAULT_TRIALS = 50
-
-
-class BudgetError(UserError):
-    """No plan can fit the budget: it is below the lower bound."""
-
-
-class NoFitError(UserError):
-    """The search found no plan that fits (the study keeps its trials for a resumed search)."""
-
-
-@dataclass
-class TuningResult:
-    """The tuned step and everything the tuning found; call it like the original step."""
-
-    batch_size: int | None
-    budget: Budget
-    device: DevicePreset
-    evaluation: Evaluation
-    baseline: Evaluation
-    lower_bound_bytes: int
-    study: Any
-    outcomes: dict[str, Outcome]
-    tuning_seconds: float
-    trace_seconds: float
-    captured: Captured | None = None
-    batches: dict[str, BatchSearch] | None = None
-    steps: Any = None  # the StepFamily of a largest-batch search (for the batch curve)
-    verification: Any = None
-    recapture: Callable[[int], Captured] | None = field(default=None, repr=False)
-    tuning: dict[str, Any] = field(default_factory=dict, repr=False)
-    _step: Any = field(default=None, repr=False)
-    _at: dict[int, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def fits_without_swapping(self) -> bool:
-        return self.budget.admits(self.baseline)
-
-    @property
-    def fits(self) -> bool:
-        return self.budget.admits(self.evaluation)
-
-    def check_fits(self) -> TuningResult:
-        """Self, or NoFitError in the form: target, achieved, original (GiB and bytes)."""
-        if self.fits:
-            return self
-        host = self.budget.host_bytes
-        if self.evaluation.peak_bytes <= self.budget.bytes and host is not None:
-            raise NoFitError(
-                f"no plan found fits: the best that fits the device needs "
-                f"{_sized(self.evaluation.host_peak_bytes)} of host memory, over the limit "
-                f"{_sized(host)}: give more with --host-memory (host_memory=); the trials are kept"
-            )
-        raise NoFitError(
-            f"no plan found fits: best peak {_sized(self.predicted_peak_bytes)} exceeds the "
-            f"budget {_sized(self.budget.bytes)}, from {_sized(self.baseline.peak_bytes)} "
-            "without swapping; the trials are kept: resume with more trials or a larger budget"
-        )
-
-    @property
-    def params(self) -> PlanParams:
-        return self.evaluation.params
-
-    @property
-    def plan(self) -> SwapPlan:
-        return self.evaluation.plan
-
-    @property
-    def predicted_peak_bytes(self) -> int:
-        return self.evaluation.peak_bytes
-
-    @property
-    def predicted_step_seconds(self) -> float | None:
-        return self.evaluation.step_seconds
-
-    @property
-    def predicted_overhead(self) -> float | None:
-        return self.evaluation.overhead
-
-    @property
-    def step(self) -> Any:
-        """The tuned step (rewritten on first use), or the original when nothing is swapped."""
-        if self._step is None:
-            if self.captured is None:
-                raise UserError("this result holds no captured step to rewrite")
-            if not self.plan.swaps and not self.plan.order_edges:
-                self._step = self.captured.concrete_function
-            else:
-                from autotune.verify import rewrite_captured
-
-                self._step = rewrite_captured(self.captured, self.plan)
-        return self._step
-
-    def __call__(self, *args: Any) -> Any:
-        """Run a training step. Arguments are converted losslessly to the step's dtypes (int64
-        labels to int32, float64 arrays to float32); at another batch size the plan is derived
-        there from the same parameters, or tuned there if it no longer fits (`at_batch`)."""
-        from rewriter.inputs import batch_of, conform
-
-        if self.captured is None:
-            return self.step(*args)
-        inputs = conform(args, self.captured.specs, any_batch=self.recapture is not None)
-        batch = batch_of(inputs)
-        if batch is None or batch == self.batch_size:
-            return self.step(*inputs)
-        return self.at_batch(batch)(*inputs)
-
-    def at_batch(self, batch: int) -> Any:
-        """The tuned step at `batch` (cached): the step captured there, with the plan the same
-        parameters give there if it fits the budget, else the plan tuned there."""
-        if batch not in self._at:
-            if self.recapture is None:
-                raise UserError(
-                    f"this result was tuned at batch {self.batch_size} and cannot capture the "
-                    f"step at batch {batch}"
-                )
-            self._at[batch] = self._derive(batch)
-        return self._at[batch]
-
-    def _derive(self, batch: int) -> Any:
-        assert self.recapture is not None
-        captured = self.recapture(batch)
-        engine = _engine(captured, self.device)
-        ev = engine.evaluate(self.params)
-        if not self.budget.admits(ev):
-            name = f"{self.tuning.get('name', 'step')}-at{batch}"
-            opts = {k: v for k, v in self.tuning.items() if k != "name"}
-            tuned = tune_captured(
-                captured, engine, self.budget, name=name, batch_size=batch, **opts
-            )
-            ev = tuned.check_fits().evaluation
-        _log.info(
-            "batch %d: plan %s, predicted peak %s",
-            batch,
-            ev.params.to_dict(),
-            _sized(ev.peak_bytes),
-        )
-        if not ev.plan.swaps and not ev.plan.order_edges:
-            return captured.concrete_function
-        from autotune.verify import rewrite_captured
-
-        return rewrite_captured(captured, ev.plan)
-
-    @property
-    def graph_def(self) -> Any:
-        """The rewritten GraphDef (the original one when nothing is swapped)."""
-        step = self.step
-        return step.graph_def if hasattr(step, "graph_def") else step.graph.as_graph_def()
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields of `autotune fit --json` and of summary.json."""
-        out: dict[str, Any] = {
-            "batch_size": self.batch_size,
-            "device": self.device.name,
-            "gpu_memory_bytes": self.budget.device_bytes,
-            "safety_ratio": self.budget.ratio,
-            "budget_bytes": self.budget.bytes,
-            "fits_without_swapping": self.fits_without_swapping,
-            "params": self.params.to_dict(),
-            "swapped_tensors": len(self.plan.swaps),
-            "swapped_bytes": self.plan.swapped_bytes,
-            "order_edges": [list(e) for e in self.plan.order_edges],
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "predicted_host_peak_bytes": self.evaluation.host_peak_bytes,
-            "host_memory_bytes": self.budget.host_bytes,
-            "predicted_step_seconds": self.predicted_step_seconds,
-            "predicted_overhead": self.predicted_overhead,
-            "baseline_peak_bytes": self.baseline.peak_bytes,
-            "baseline_step_seconds": self.baseline.step_seconds,
-            "lower_bound_bytes": self.lower_bound_bytes,
-            "trials": len(self.study.trials) if self.study is not None else 0,
-            "tuning_seconds": self.tuning_seconds,
-            "trace_seconds": self.trace_seconds,
-            "methods": {k: o.summary() for k, o in self.outcomes.items()},
-        }
-        if self.study is not None and len(self.study.directions) == 2:
-            out["pareto_front"] = pareto_front(self.study)
-        if self.verification is not None:
-            out["verification"] = self.verification.to_dict()
-        if self.batches is not None:
-            out["max_batch_no_swap"] = self.batches["no swapping"].batch
-            out["max_batch_tuned"] = self.batches["ours"].batch
-            out["max_batch_limited_by"] = self.batches["ours"].limit
-            out["baselines"] = {k: b.summary() for k, b in self.batches.items() if k != "ours"}
-        return out
-
-    def verify(self, *, steps: int = 3) -> Any:
-        """Run the tuned and the original step on the device (a GPU, or the emulated one) and
-        keep the measured peaks next to the prediction for the report."""
-        from autotune.verify import verify_captured
-
-        if self.captured is None:
-            raise UserError("this result holds no captured step to run")
-        self.verification = verify_captured(self.captured, self.plan, steps=steps)
-        return self.verification
-
-    def save_plan(self, path: str | Path) -> Path:
-        """Write the plan file (see autotune.planfile): apply it elsewhere with
-        `autotune.rewrite(step, *args, plan=path)` or `SwapCallback(plan=path)`."""
-        import json
-
-        from autotune.planfile import save_plan
-
-        if self.captured is None:
-            path = Path(path)
-            path.write_text(json.dumps(self.plan.to_dict(), indent=1) + "\n")
-            return path
-        return save_plan(path, self.plan, self.captured, self.batch_size)
-
-    def report(self, directory: str | Path) -> Path:
-        """Write summary.json, plan.json, trials.csv, the plots, report.md and report.html
-        into `directory`; return the path of report.md."""
-        from autotune.report import write_report
-
-        return write_report(self, Path(directory))
-
-
-#: The name `TuningResult` had before 0.2; kept for a release.
-TunedGraph = TuningResult
-
-
-def pareto_front(study: Any) -> list[dict[str, Any]]:
-    """The trials no other feasible trial beats in both peak and time (two objectives)."""
-    return [
-        {
-            "trial": t.number,
-            "params": t.user_attrs["plan_params"],
-            "peak_bytes": t.user_attrs["peak_bytes"],
-            "step_seconds": t.user_attrs["step_seconds"],
-        }
-        for t in sorted(study.best_trials, key=lambda t: t.user_attrs["peak_bytes"])
-    ]
 
 
 def check_budget(engine: Engine, budget: Budget) -> None:
@@ -340,7 +121,8 @@ def _finished(study: Any) -> int:
 
 
 def _baselines(engine: Engine, budget: Budget, trials: int, seed: int) -> dict[str, Outcome]:
-    from autotune.search import original_autotuner, random_search, single_plan
+    from autotune.search.baselines import original_autotuner
+    from autotune.search.core import random_search, single_plan
 
     return {
         "no swapping": single_plan(engine, PlanParams(n_tensors=0), budget, "no swapping"),
@@ -427,8 +209,8 @@ def _memory(gpu_memory: int | str | None, preset: DevicePreset) -> int:
 
 
 def resolve_host_memory(host_memory: int | str | None) -> int | None:
-    """The host limit given, or the default for this machine (see autotune.host)."""
-    from autotune.host import default_host_memory
+    """The host limit given, or the default for this machine (see autotune.search.host)."""
+    from autotune.search.host import default_host_memory
     from autotune.units import parse_size
 
     if host_memory is not None:

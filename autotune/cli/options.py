@@ -9,7 +9,17 @@ from simulator import PRESETS, DevicePreset, get_preset
 from simulator.derive import TRIGGER_STRATEGIES, PlanParams
 from simulator.errors import UserError
 
-__all__ = ["add_device_args", "add_plan_args", "device_preset", "plan_params", "size_arg"]
+__all__ = [
+    "add_device_args",
+    "add_fit_args",
+    "add_model_args",
+    "add_plan_args",
+    "device_preset",
+    "plan_params",
+    "positive_int",
+    "ratio_arg",
+    "size_arg",
+]
 
 _PLAN_FLAGS = (
     "n_tensors",
@@ -119,3 +129,72 @@ def device_preset(args: argparse.Namespace) -> DevicePreset | None:
     return get_preset(args.device).with_overrides(
         memory_bytes=args.gpu_memory, link_bytes_per_s=args.link_bandwidth
     )
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def ratio_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
+    return value
+
+
+def add_fit_args(p: argparse.ArgumentParser) -> None:
+    from autotune.search.core import DEFAULT_SAFETY_RATIO
+    from autotune.search.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
+    from simulator import PRESETS
+
+    p.add_argument(
+        "--model", required=True, help="zoo model name, or path/to/file.py:build_function"
+    )
+    p.add_argument("--batch-size", type=positive_int, help="images per step")
+    p.add_argument("--max-batch", action="store_true", help="find the largest batch that fits")
+    p.add_argument("--cube", type=positive_int, default=None, help="edge length for 3D models")
+    p.add_argument(
+        "--gpu-memory", type=size_arg, help="device memory, e.g. 16GiB (default: the preset)"
+    )
+    p.add_argument(
+        "--host-memory",
+        type=size_arg,
+        help="host memory swapped tensors may take, e.g. 64GiB (default: on a GPU machine the "
+        "smaller of free RAM and TensorFlow's pinned host cap; without one, no limit)",
+    )
+    p.add_argument("--device", choices=sorted(PRESETS), default=DEFAULT_DEVICE, help="GPU preset")
+    p.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS, help="Optuna trials")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed (reproducible search)")
+    p.add_argument(
+        "--safety-ratio",
+        type=ratio_arg,
+        default=DEFAULT_SAFETY_RATIO,
+        help="share of the memory a predicted peak may use (default from measured error)",
+    )
+    p.add_argument("--objectives", type=int, choices=(1, 2), default=1, help="2: peak and time")
+    p.add_argument("--out", default="autotune-out", help="folder for the report and the study")
+    p.add_argument("--storage", help="Optuna database URL (default: SQLite in --out)")
+    p.add_argument("--study", help="study name (default: from model, batch, device, budget)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="also run the tuned step here (GPU, or the emulated device) and report measured peaks",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="zoo model name (see `autotune models`)")
+    p.add_argument("--batch-size", type=positive_int, required=True, help="images per step")
+    p.add_argument("--cube", type=positive_int, default=None, help="edge length for 3D models")
+    p.add_argument("--json", action="store_true", help="print one JSON object")

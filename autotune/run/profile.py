@@ -48,7 +48,7 @@ def record_profile(captured: Captured, *args: Any, graph: Graph | None = None) -
     """Run the step once to warm up, then once under the profiler (on `args`, by default example
     inputs), and read the executed ops that are ops of `graph` (by default the captured graph;
     pass the optimized one to match fused ops too)."""
-    from autotune.measure import example_tensors
+    from autotune.run.measure import example_tensors
 
     inputs = list(args) or example_tensors(captured.specs)
     names = set((graph or captured.graph).ops)
@@ -60,7 +60,7 @@ def profile_function(fn: Any, inputs: list[Any], names: set[str]) -> Profile:
     that step's peak), and return the ops among `names` in the order they ran."""
     import tensorflow as tf
 
-    from autotune.measure import current_device
+    from autotune.run.measure import current_device
 
     fn(*inputs)
     device = current_device()
@@ -135,7 +135,7 @@ def record_allocation_history(build: Callable[[], tuple[Any, list[Any]]]) -> All
     and a process in which nothing was allocated before, for a history without gaps."""
     import tensorflow as tf
 
-    from autotune.measure import MeasurementError
+    from autotune.run.measure import MeasurementError
 
     if not _memory_readable(tf, "CPU:0"):
         raise MeasurementError(

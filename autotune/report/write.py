@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from autotune.tuning import TuningResult
+    from autotune.search.tuning import TuningResult
 
 __all__ = ["batches_table", "methods_table", "trials_table", "write_report"]
 
@@ -93,7 +93,7 @@ def trials_table(study: Any) -> pd.DataFrame | None:
 
 def figures(tuned: TuningResult) -> dict[str, Figure]:
     """Every plot the result supports, by file stem."""
-    from autotune import plots
+    from autotune.report import plots
 
     out: dict[str, Figure] = {}
     timeline = plots.memory_timeline(

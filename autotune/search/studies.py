@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.search import quiet_optuna, sampler
+from autotune.search.core import quiet_optuna, sampler
 from simulator.errors import UserError
 
 __all__ = ["StorageError", "default_storage", "open_study", "study_name"]

@@ -13,18 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.search import (
+from autotune.search.baselines import (
+    largest,
+    original_autotuner,
+    warm_starts,
+)
+from autotune.search.core import (
     LEAST_MEMORY_ORDERED,
     Budget,
     Outcome,
     in_memory_study,
-    largest,
-    original_autotuner,
     random_search,
     run_study,
     single_plan,
     stop_when_fits,
-    warm_starts,
 )
 from rewriter.capture import Captured
 from simulator import DevicePreset, lower_bound_bytes

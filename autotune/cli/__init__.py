@@ -1,0 +1,1 @@
+"""The `autotune` command line (`main`) and its shared options (`options`)."""

@@ -1,0 +1,154 @@
+"""What the command line prints: one aligned line per fact, sizes in GiB/MiB with exact bytes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from autotune.units import format_bytes
+from autotune.units import format_sized as _sized
+
+__all__ = ["print_fit", "print_simulation", "print_verification"]
+
+
+def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3) -> None:
+    """The plan's order edges (`--serialize`), the first few by name."""
+    if not edges:
+        return
+    keep = "edge reorders" if len(edges) == 1 else "edges reorder"
+    print(f"  ordered    {len(edges)} order {keep} the backward pass:")
+    for before, after in edges[:shown]:
+        print(f"             {after} waits for {before}")
+    if len(edges) > shown:
+        print(f"             ... and {len(edges) - shown} more (see --json)")
+
+
+def _print_cpu_kernels(k: dict[str, Any], schedule: str) -> None:
+    """Which CPU kernels the prediction models: their temporary buffers depend on it."""
+    if k["onednn"]:
+        as_run = schedule != "categorized"
+        what = ": its graph pass merged filter and bias gradients, pooling workspaces"
+        print(f"kernels      this CPU's, oneDNN on{what if as_run else ''}")
+        return
+    print(
+        "kernels      this CPU's, oneDNN off: TensorFlow's convolution gradients with their "
+        f"im2col buffers ({k['threads']} threads)"
+    )
+
+
+def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
+    r = sim.result
+    where = preset.name if preset else "CPU allocator model"
+    print(f"model        {args.model}, batch {args.batch_size}, on {where}")
+    print(f"ops          {len(sim.graph.ops)} in {r.order.n_levels} levels")
+    print(f"persistent   {_sized(r.persistent_bytes)}  (weights, optimizer slots, input batch)")
+    print(f"peak         {_sized(r.peak_bytes)}  (BFC allocator model)")
+    if sim.order_peaks:
+        low, high = format_bytes(sim.order_peaks[0]), format_bytes(sim.order_peaks[-1])
+        print(f"  orders     median of {len(sim.order_peaks)} executor orders: {low} to {high}")
+    if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0:
+        print(f"  no swap    {_sized(sim.baseline.peak_bytes)}")
+        print(f"  swapped    {sim.swapped_tensors} tensors, {_sized(sim.plan.swapped_bytes)}")
+        print(f"peak host    {_sized(r.host_peak_bytes)}")
+    _print_order_edges(sim.plan.order_edges)
+    print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
+    print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
+    print(f"peak at      level {r.peak_level}, op {r.peak_op}  ({sim.schedule} order)")
+    for i, (tensor, nbytes) in enumerate(r.largest_at_peak(5)):
+        print(f"{'at the peak' if i == 0 else '':<12} {_sized(nbytes)}  {tensor}")
+    if sim.step_seconds is not None:
+        print(
+            f"step time    {sim.step_seconds * 1e3:.2f} ms  (no swap "
+            f"{sim.baseline_step_seconds * 1e3:.2f} ms, overhead {sim.overhead:.3f}x)"
+        )
+    if preset is not None:
+        fits = "fits" if r.peak_bytes <= preset.memory_bytes else "does NOT fit"
+        print(f"device       {fits} in {_sized(preset.memory_bytes)}")
+    if sim.cpu_kernels is not None:
+        _print_cpu_kernels(sim.cpu_kernels, sim.schedule)
+    print(f"simulation   {sim.simulate_seconds * 1e3:.1f} ms (tracing {sim.trace_seconds:.1f} s)")
+    if sim.profiled_peak_bytes:
+        print(f"profiled     {_sized(sim.profiled_peak_bytes)}  (measured in the recorded step)")
+
+
+def print_verification(v: Any) -> None:
+    """The measured peaks and step times of a verification next to the prediction."""
+    print(
+        f"swapped      {len(v.plan.swaps)} tensors; {len(v.executed)} of {v.swap_ops} swap ops "
+        "ran (read from the executed graphs)"
+    )
+    if v.gating is not None:
+        print(f"gating       {v.gating.summary()}")
+        print(f"             (checked on {v.gating_place}, from the executed graphs and a profile)")
+        for gate in [g for g in v.gating.gates if not g.gated][:3]:
+            print(f"             NOT gated: {gate.swap_in}: {gate.reason}")
+    _print_order_edges(v.plan.order_edges)
+    for label, run, pred in (
+        ("tuned", v.tuned, v.predicted_peak_bytes),
+        ("original", v.baseline, v.baseline_predicted_peak_bytes),
+    ):
+        measured = _sized(run.peak_bytes) if run.peak_bytes else run.error
+        print(f"{label:<12} measured {measured}, predicted {_sized(pred)}")
+        if run.step_seconds is not None:
+            print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {v.steps})")
+    if v.error_percent is not None:
+        print(f"error        {v.error_percent:+.1f} % (predicted against measured, tuned)")
+
+
+def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> None:
+    from autotune.report.write import batches_table, methods_table
+
+    d = tuned.to_dict()
+    print(
+        f"model        {args.model}, batch {d['batch_size']}, on {d['device']}; budget "
+        f"{_sized(d['budget_bytes'])} = {d['safety_ratio']:.2f} x {_sized(d['gpu_memory_bytes'])}"
+    )
+    print(f"lower bound  {_sized(d['lower_bound_bytes'])}  (resident + largest op working set)")
+    if tuned.fits_without_swapping:
+        print(
+            f"no swap      fits without swapping: predicted peak {_sized(d['baseline_peak_bytes'])}"
+            " is within the budget; the step is returned untouched"
+        )
+    else:
+        print(f"tuned        {json.dumps(_nonempty(d['params']))}")
+        print(
+            f"             peak {_sized(d['predicted_peak_bytes'])} (no swap "
+            f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
+            f"{d['swapped_tensors']} tensors swapped"
+        )
+        _print_order_edges(tuple(map(tuple, d["order_edges"])))
+    _print_host(d)
+    batches = batches_table(tuned)
+    if batches is not None:
+        print("\nlargest batch that fits, per method:")
+        print(batches.to_string(index=False))
+        print(f"limited by   {d['max_batch_limited_by']} (at the next batch up, tuned)")
+    print(f"\nmethods at batch {d['batch_size']}:")
+    print(methods_table(tuned).to_string(index=False))
+    if tuned.verification is not None:
+        print(f"\nverified: the tuned and the original step run on {tuned.verification.place}")
+        print_verification(tuned.verification)
+    print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
+    print(f"report       {report}  (study {name!r}: resume by running the same command)")
+
+
+def _print_host(d: dict[str, Any]) -> None:
+    """The plan's host peak against the host limit, and the variable to raise if needed."""
+    from autotune.search.host import pinned_hint
+
+    peak, limit = d["predicted_host_peak_bytes"], d["host_memory_bytes"]
+    against = f"of {_sized(limit)} allowed" if limit else "(no host limit: --host-memory)"
+    print(f"host peak    {_sized(peak)} {against}")
+    hint = pinned_hint(peak)
+    if hint:
+        print(f"             {hint}")
+
+
+def _times(value: float | None) -> str:
+    """An overhead such as 1.154x, or a note when no time model ran (no per-op costs)."""
+    return "n/a (no op costs)" if value is None else f"{value:.3f}x"
+
+
+def _nonempty(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v != []}

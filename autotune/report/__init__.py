@@ -1,0 +1,2 @@
+"""Reports: plots split into data functions and renderers (`plots`), and the report folder with
+its tables (`write`)."""
