@@ -121,7 +121,7 @@ class SwapCallback(keras.callbacks.Callback):
         if self.plan_path is not None:
             return self._from_plan(tensors, batch)
         if self.tuned is not None:
-            return self.tuned.at_batch(batch)
+            return self.tuned  # it derives and caches the plan at each batch itself
         return self._tune(tensors, batch)
 
     def _tune(self, tensors: list[Any], batch: int) -> Any:

@@ -15,7 +15,6 @@ checks, both read from the run and not from the graph the rewriter built:
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -54,10 +53,6 @@ class GatingReport:
     def gated(self) -> int:
         """Swap-ins that wait for their trigger in the graph and, where timed, in the run."""
         return sum(g.gated and g.sent_after_trigger is not False for g in self.gates)
-
-    @property
-    def ok(self) -> bool:
-        return self.gated == len(self.gates) and not self.leaks
 
     def summary(self) -> str:
         timed = sum(g.lag_seconds is not None for g in self.gates)
@@ -110,7 +105,12 @@ def check_gating(
     host = tuned.host_device or ""
     gates = [graph.gate(name, trigger, host) for name, trigger in sorted(tuned.triggers.items())]
     if inputs is not None:
-        gates = _timed(gates, graph, _profile(tuned, inputs, graph.watched(gates)))
+        from autotune.run.profile import trace_ops
+
+        events = trace_ops(
+            lambda: tuned(*inputs), graph.watched(gates), "time the swap-ins", host_tracer_level=3
+        )
+        gates = _timed(gates, graph, events)
     return GatingReport(tuple(gates), tuple(graph.leaks(host)))
 
 
@@ -120,6 +120,10 @@ class _Executed:
     def __init__(self, partitions: list[Any]) -> None:
         self.nodes = {n.name: n for pg in partitions for n in pg.node}
         self.sends = {_key(n): n for n in self.nodes.values() if n.op == "_Send"}
+        self.sent: dict[str, list[str]] = {}  # op -> the sends that carry its output
+        for n in self.sends.values():
+            if n.input:
+                self.sent.setdefault(_op(n.input[0]), []).append(n.name)
 
     def gate(self, swap_in: str, trigger: str, host: str) -> Gate:
         node = self.nodes.get(swap_in)
@@ -163,10 +167,6 @@ class _Executed:
             seen.update(ins)
         return tuple(sorted(found))
 
-    def sends_of(self, swap_in: str) -> list[str]:
-        """The `_Send` ops that carry `swap_in`'s output to another device."""
-        return [n.name for n in self.sends.values() if n.input and _op(n.input[0]) == swap_in]
-
     def leaks(self, host: str) -> Iterable[str]:
         """Swapped tensors sent from the host to another device without a swap-in between
         (a swap-out's output itself, not a control edge's helper named after it)."""
@@ -178,7 +178,7 @@ class _Executed:
 
     def watched(self, gates: list[Gate]) -> set[str]:
         """Names whose profiled events time the gates: what each waits for, and its sends."""
-        return {n for g in gates for n in (*g.waits, *self.sends_of(g.swap_in))}
+        return {n for g in gates for n in (*g.waits, *self.sent.get(g.swap_in, ()))}
 
 
 def _timed(gates: list[Gate], graph: _Executed, events: list[tuple[int, str, float]]) -> list[Gate]:
@@ -190,27 +190,11 @@ def _timed(gates: list[Gate], graph: _Executed, events: list[tuple[int, str, flo
         starts.setdefault(name, start_ps * 1e-12)
     out = []
     for g in gates:
-        sent = [starts[s] for s in graph.sends_of(g.swap_in) if s in starts]
+        sent = [starts[s] for s in graph.sent.get(g.swap_in, ()) if s in starts]
         done = [ends[w] for w in g.waits if w in ends]
         lag = min(sent) - max(done) if sent and done else None
         out.append(replace(g, lag_seconds=lag))
     return out
-
-
-def _profile(tuned: TunedStep, inputs: list[Any], names: set[str]) -> list[tuple[int, str, float]]:
-    """One step of `tuned` under TensorFlow's profiler: the events of the ops in `names`."""
-    import tensorflow as tf
-
-    from autotune.run.profile import _op_events, _trace_file
-
-    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
-    with tempfile.TemporaryDirectory(prefix="autotune-gating-") as logdir:
-        tf.profiler.experimental.start(logdir, options=options)
-        try:
-            tuned(*inputs)
-        finally:
-            tf.profiler.experimental.stop()
-        return _op_events(_trace_file(logdir, "time the swap-ins"), names)
 
 
 #: Names that graph partitioning gives the ops it adds (`x/_12`, `x/ctrl/_11`).

@@ -24,6 +24,7 @@ __all__ = [
     "profile_function",
     "record_allocation_history",
     "record_profile",
+    "trace_ops",
 ]
 
 _STEP_MARK = "autotune:measured-step"
@@ -65,22 +66,34 @@ def profile_function(fn: Any, inputs: list[Any], names: set[str]) -> Profile:
     fn(*inputs)
     device = current_device()
     memory = _memory_readable(tf, device)
-    with tempfile.TemporaryDirectory(prefix="autotune-profile-") as logdir:
-        if memory:
-            tf.config.experimental.reset_memory_stats(device)
-            resident = int(tf.config.experimental.get_memory_info(device)["current"])
-        tf.profiler.experimental.start(logdir)
-        try:
-            fn(*inputs)
-        finally:
-            tf.profiler.experimental.stop()
-        peak = int(tf.config.experimental.get_memory_info(device)["peak"]) if memory else None
-        events = _op_events(_trace_file(logdir, "record the order"), names)
+    if memory:
+        tf.config.experimental.reset_memory_stats(device)
+        resident = int(tf.config.experimental.get_memory_info(device)["current"])
+    events = trace_ops(lambda: fn(*inputs), names, "record the order")
+    peak = int(tf.config.experimental.get_memory_info(device)["peak"]) if memory else None
     order = tuple(dict.fromkeys(name for _, name, _ in events))
     seconds: dict[str, float] = {}
     for _, name, dur in events:
         seconds[name] = seconds.get(name, 0.0) + dur
     return Profile(order, seconds, device, peak, resident if memory else None)
+
+
+def trace_ops(
+    run: Callable[[], Any], names: set[str], purpose: str, *, host_tracer_level: int = 2
+) -> list[tuple[int, str, float]]:
+    """Call `run()` once under TensorFlow's profiler and return (start in ps, op name, seconds)
+    of the traced ops among `names`, in start order; an error naming `purpose` without a trace.
+    Level 3 also traces ops the default level leaves out."""
+    import tensorflow as tf
+
+    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=host_tracer_level)
+    with tempfile.TemporaryDirectory(prefix="autotune-profile-") as logdir:
+        tf.profiler.experimental.start(logdir, options=options)
+        try:
+            run()
+        finally:
+            tf.profiler.experimental.stop()
+        return _op_events(_trace_file(logdir, purpose), names)
 
 
 def _memory_readable(tf: Any, device: str) -> bool:

@@ -16,7 +16,8 @@ import tensorflow as tf
 from autotune.run.verify import use_two_cpus
 use_two_cpus()
 import numpy as np
-from autotune.run.gating import _profile, check_gating, executed_partitions
+from autotune.run.gating import check_gating, executed_partitions
+from autotune.run.profile import trace_ops
 from rewriter.apply import TunedStep, apply_plan
 """
 
@@ -80,7 +81,7 @@ wrong = TunedStep(wrong_fn, plan, "device", (), [0], [], tuned.triggers, tuned.d
 for name, t in (("host", tuned), ("compute", wrong)):
     report = check_gating(t, executed_partitions(t, x), [x])
     t(x)
-    events = _profile(t, [x], {"slow", "reader"})
+    events = trace_ops(lambda: t(x), {"slow", "reader"}, "time", host_tracer_level=3)
     end = max(s * 1e-12 + d for s, n, d in events if n == "slow")
     start = min(s * 1e-12 for s, n, d in events if n == "reader")
     result[name] = {"report": report.to_dict(), "reader_after_trigger": start - end}
