@@ -148,14 +148,14 @@ class SwapCallback(keras.callbacks.Callback):
     def _from_plan(self, tensors: list[Any], batch: int) -> Any:
         from autotune.api import capture
         from autotune.planfile import load_plan
-        from autotune.run.verify import rewrite_captured
+        from autotune.run.verify import training_step
 
         if self._saved is None:
             self._saved = load_plan(self.plan_path)  # type: ignore[arg-type]
         captured = capture(self._step, *tensors)
         plan = self._saved.for_step(captured, batch)
         self._say(f"plan {self.plan_path} at batch {batch}: {len(plan.swaps)} tensors swapped")
-        return rewrite_captured(captured, plan) if plan.swaps else captured.concrete_function
+        return training_step(captured, plan)
 
     def _say(self, line: str) -> None:
         if self.verbose:

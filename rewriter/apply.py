@@ -153,7 +153,7 @@ def apply_plan(
             _wait(g.get_operation_by_name(later), g.get_operation_by_name(before))
         after = _insert_swaps(g, plan, mode, host_device)
         names.extend(op.name for ops in after.values() for op in ops)
-        triggers.update(_triggers(after, plan))
+        triggers.update(_triggers(after))
         if pin_order:
             _pin(g, order.ops, after, fed, foldable_ops(captured.graph))
         return out
@@ -199,13 +199,11 @@ def _canonical(name: str) -> str:
     return f"/device:{kind.upper()}:{index or 0}"
 
 
-def _triggers(after: dict[str, list[Any]], plan: SwapPlan) -> dict[str, str]:
-    """Each swap-in op's name with the name of the op that triggers it."""
-    wanted = {s.trigger for swap in plan.swaps for s in swap.swap_ins}
+def _triggers(after: dict[str, list[Any]]) -> dict[str, str]:
+    """Each swap-in op's name with the name of its trigger, the op it follows in `after`."""
     return {
         op.name: trigger
         for trigger, ops in after.items()
-        if trigger in wanted
         for op in ops
         if op.name.startswith("swap_in/")
     }

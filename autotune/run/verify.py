@@ -27,6 +27,7 @@ __all__ = [
     "limit_gpu_memory",
     "plan_for",
     "rewrite_captured",
+    "training_step",
     "use_two_cpus",
     "verify_captured",
 ]
@@ -138,6 +139,14 @@ def rewrite_captured(captured: Captured, plan: PlanParams | SwapPlan, **options:
     if current_device() == "GPU:0":
         options = {"mode": "device", "compute_device": "/device:GPU:0", **options}
     return apply_plan(captured, plan, **options)
+
+
+def training_step(captured: Captured, plan: SwapPlan) -> Any:
+    """The step to train with under `plan`: the captured step itself when the plan changes
+    nothing (no swap, no order edge), else the rewritten one."""
+    if not plan.swaps and not plan.order_edges:
+        return captured.concrete_function
+    return rewrite_captured(captured, plan)
 
 
 def verify_captured(

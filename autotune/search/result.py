@@ -105,12 +105,9 @@ class TuningResult:
         if self._step is None:
             if self.captured is None:
                 raise UserError("this result holds no captured step to rewrite")
-            if not self.plan.swaps and not self.plan.order_edges:
-                self._step = self.captured.concrete_function
-            else:
-                from autotune.run.verify import rewrite_captured
+            from autotune.run.verify import training_step
 
-                self._step = rewrite_captured(self.captured, self.plan)
+            self._step = training_step(self.captured, self.plan)
         return self._step
 
     def __call__(self, *args: Any) -> Any:
@@ -159,11 +156,9 @@ class TuningResult:
             ev.params.to_dict(),
             _sized(ev.peak_bytes),
         )
-        if not ev.plan.swaps and not ev.plan.order_edges:
-            return captured.concrete_function
-        from autotune.run.verify import rewrite_captured
+        from autotune.run.verify import training_step
 
-        return rewrite_captured(captured, ev.plan)
+        return training_step(captured, ev.plan)
 
     @property
     def graph_def(self) -> Any:
