@@ -4,6 +4,7 @@ Nothing in this package imports TensorFlow; `tests/simulator/test_no_tensorflow.
 """
 
 from simulator.allocator import (
+    BFCHeap,
     BFCModel,
     OutOfMemory,
     Request,
@@ -14,8 +15,8 @@ from simulator.allocator import (
 from simulator.bounds import lower_bound_bytes
 from simulator.devices import PRESETS, DevicePreset, get_preset
 from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
+from simulator.heap import GRANULARITY, Heap, LiveBytes, round_up
 from simulator.memory import (
-    ALLOCATOR_GRANULARITY,
     Assignment,
     Move,
     Program,
@@ -53,13 +54,17 @@ __all__ = [
     "lower_bound_bytes",
     "simulate_plan",
     "simulate_time",
-    "ALLOCATOR_GRANULARITY",
+    "BFCHeap",
+    "GRANULARITY",
+    "Heap",
+    "LiveBytes",
     "Assignment",
     "BFCModel",
     "OutOfMemory",
     "Request",
     "replay_history",
     "replay_peak",
+    "round_up",
     "with_allocator",
     "Event",
     "EventKind",
@@ -87,7 +92,7 @@ def simulate(
     graph: Graph,
     order: Order | None = None,
     *,
-    granularity: int = ALLOCATOR_GRANULARITY,
+    granularity: int = GRANULARITY,
     allocator: BFCModel | None = None,
 ) -> SimResult:
     """Simulate one step of `graph` in `order` (the categorized order by default).

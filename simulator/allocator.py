@@ -22,13 +22,22 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from simulator.heap import GRANULARITY, round_up
 from simulator.memory import Move, SimResult, paused_gc
 from simulator.trace import DEVICE_ALLOCS, EventKind, Row, Trace
 
-__all__ = ["BFCModel", "OutOfMemory", "Request", "replay_history", "replay_peak", "with_allocator"]
+__all__ = [
+    "BFCHeap",
+    "BFCModel",
+    "OutOfMemory",
+    "Request",
+    "replay_history",
+    "replay_peak",
+    "with_allocator",
+]
 
-_UNIT_BITS = 8
-_UNIT = 1 << _UNIT_BITS  # 256 B: BFC rounds every request up to it (kMinAllocationSize)
+_UNIT = GRANULARITY  # 256 B: BFC rounds every request up to it (kMinAllocationSize)
+_UNIT_BITS = _UNIT.bit_length() - 1
 _MAX_INTERNAL_FRAGMENTATION = (128 << 20) // _UNIT
 _FIRST_REGION = 2 << 20
 _ALLOC, _FREE = int(EventKind.ALLOC), int(EventKind.FREE)
@@ -141,7 +150,7 @@ class BFCModel:
                     free_end[end] = start
                     insort(ordered, (end - start) << shift | start)
                 elif kind in placed:  # best fit: the smallest free chunk that holds it
-                    units = (nbytes + up) >> bits or 1  # _units(nbytes), inlined
+                    units = (nbytes + up) >> bits or 1  # _units(nbytes), inlined: hot
                     try:
                         key = ordered.pop(bisect_left(ordered, units << shift))
                     except IndexError:  # no free chunk fits: a new region
@@ -271,30 +280,70 @@ def replay_history(
 
 
 def with_allocator(result: SimResult, allocator: BFCModel) -> SimResult:
-    """`result` with its peak replaced by the peak `allocator` reaches replaying the trace."""
+    """`result` with the peak `allocator` reaches replaying the trace (its live peak kept)."""
     resident = list(result.resident_sizes)
     peak = replay_peak(result.trace, resident, allocator, moves=result.moves)
-    return dataclasses.replace(result, peak_bytes=peak)
+    return dataclasses.replace(result, allocator_peak_bytes=peak)
+
+
+class BFCHeap:
+    """The BFC policy of `simulator.heap.Heap`: a `BFCModel`, where each of a trace's buffers
+    sits, and where each held variable does (addresses in units of 256 B)."""
+
+    def __init__(self, model: BFCModel, n_tensors: int, resident: Sequence[int]) -> None:
+        self.model = model
+        self.resident = list(resident)
+        self.held = model.hold(self.resident)
+        self.where = [0] * n_tensors
+        self.waiting: dict[int, list[int]] = {}  # variable -> old buffers a read holds
+
+    @property
+    def peak(self) -> int:
+        return self.model.peak
+
+    def alloc(self, step: int, tensor: int, nbytes: int, kind: int = _ALLOC) -> None:
+        self.model.replay([(kind, step, tensor, nbytes, 0, 0)], self.where)
+
+    def free(self, step: int, tensor: int, nbytes: int) -> None:
+        self.model.replay([(_FREE, step, tensor, nbytes, 0, 0)], self.where)
+
+    def replay(self, rows: Iterable[Row]) -> None:
+        """`alloc` and `free` for each of a trace's rows, in one loop (host rows pass)."""
+        self.model.replay(rows, self.where)
+
+    def move(self, variable: int, buffer: int, *, pending: bool) -> None:
+        old = self.held[variable]
+        if buffer >= 0:
+            self.held[variable] = self.where[buffer]
+        else:
+            self.held[variable] = self.model.allocate(self.resident[variable]) // _UNIT
+        if pending:
+            self.waiting.setdefault(variable, []).append(old)
+        else:
+            self.model.release(old * _UNIT)
+
+    def release_moved(self, variable: int) -> None:
+        for addr in self.waiting.pop(variable, []):
+            self.model.release(addr * _UNIT)
 
 
 def _replay_peak(
     trace: Trace, resident: list[int], model: BFCModel, warmup: bool, moves: Sequence[Move]
 ) -> int:
-    held = model.hold(resident)
-    where = [0] * trace.n_tensors  # chunk address by tensor
+    heap = BFCHeap(model, trace.n_tensors, resident)
     if moves:
         actions = _move_actions(trace.rows, moves)
         for _ in range(2 if warmup else 1):
             model.reset_peak()
-            _replay_moving(model, trace.rows, where, held, resident, actions)
-        return model.peak
+            _replay_moving(heap, trace.rows, actions)
+        return heap.peak
     regions = model.allocated_regions
     model.reset_peak()
-    model.replay(trace.rows, where)
+    heap.replay(trace.rows)
     if warmup and model.allocated_regions != regions and _exhausted(model):
         model.reset_peak()
-        model.replay(trace.rows, where)
-    return model.peak
+        heap.replay(trace.rows)
+    return heap.peak
 
 
 # rows of a step after its op ran: the frees of the inputs it last read, then its swap-ins
@@ -329,36 +378,19 @@ def _move_actions(rows: Sequence[Row], moves: Sequence[Move]) -> list[_Action]:
     return actions
 
 
-def _replay_moving(
-    model: BFCModel,
-    rows: Sequence[Row],
-    where: list[int],
-    held: list[int],
-    resident: list[int],
-    actions: list[_Action],
-) -> None:
-    """One pass over `rows` with the variable writes `actions`: `held` holds each variable's
-    address (in units) and is updated as they move."""
-    waiting: dict[int, list[int]] = {}  # variable -> old buffers a read holds
+def _replay_moving(heap: BFCHeap, rows: Sequence[Row], actions: list[_Action]) -> None:
+    """One pass over `rows` with the variable writes `actions`."""
     start = 0
     for index, _, kind, variable, buffer, waits in actions:
-        model.replay(rows[start:index], where)
+        heap.replay(rows[start:index])
         start = index
         if kind == _RELEASE_OLD:
-            for addr in waiting.pop(variable, []):
-                model.release(addr * _UNIT)
+            heap.release_moved(variable)
             continue
-        old = held[variable]
-        if kind == _ADOPT:
-            held[variable] = where[buffer]
+        if kind == _ADOPT:  # the variable takes its value's buffer: that row frees nothing
             start = index + 1
-        else:
-            held[variable] = model.allocate(resident[variable]) // _UNIT
-        if waits:
-            waiting.setdefault(variable, []).append(old)
-        else:
-            model.release(old * _UNIT)
-    model.replay(rows[start:], where)
+        heap.move(variable, buffer, pending=waits)
+    heap.replay(rows[start:])
 
 
 def _exhausted(model: BFCModel) -> bool:
@@ -382,4 +414,4 @@ def _exhausted(model: BFCModel) -> bool:
 
 def _units(nbytes: int) -> int:
     """`nbytes` in units of the allocator's granularity, rounded up (at least one unit)."""
-    return (nbytes + _UNIT - 1) >> _UNIT_BITS or 1
+    return round_up(nbytes) // _UNIT or 1

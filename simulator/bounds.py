@@ -8,23 +8,23 @@ against this bound.
 from __future__ import annotations
 
 from simulator.graph import Graph
-from simulator.memory import ALLOCATOR_GRANULARITY, _round_up
+from simulator.heap import GRANULARITY, round_up
 
 __all__ = ["lower_bound_bytes"]
 
 
-def lower_bound_bytes(graph: Graph, *, granularity: int = ALLOCATOR_GRANULARITY) -> int:
+def lower_bound_bytes(graph: Graph, *, granularity: int = GRANULARITY) -> int:
     """Resident bytes plus the largest working set (inputs, outputs, scratch) of any op."""
     resident = sum(
-        _round_up(t.nbytes, granularity) for t in graph.tensors.values() if t.kind.resident
+        round_up(t.nbytes, granularity) for t in graph.tensors.values() if t.kind.resident
     )
     best = 0
     for op in graph.ops.values():
         roots = {graph.buffer_root(n) for n in [*op.inputs, *op.outputs]}
         need = sum(
-            _round_up(graph.tensors[r].nbytes, granularity)
+            round_up(graph.tensors[r].nbytes, granularity)
             for r in roots
             if graph.tensors[r].kind.on_device
         )
-        best = max(best, need + _round_up(op.scratch, granularity))
+        best = max(best, need + round_up(op.scratch, granularity))
     return resident + best

@@ -1,7 +1,9 @@
 """The memory interpreter: walk the schedule, allocate outputs, free buffers after their last use.
 
-Walking the schedule and emitting ALLOC/FREE events is split from accounting for them (the peak is
-read off the trace), after XLA's HeapSimulator. Liveness comes from a reverse walk (last use).
+The walk decides when each buffer is allocated and freed and hands those events to a heap
+(`simulator.heap`), which owns the accounting and the peak, after XLA's HeapSimulator: the walk
+runs with the live-bytes heap; the BFC allocator replays its trace. Liveness comes from a
+reverse walk (last use).
 Buffers, not tensors, are allocated: a forwarding op (Identity, Reshape, ReadVariableOp) shares its
 input's buffer, and an element-wise op may take over an input buffer that dies at that op.
 """
@@ -15,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from simulator.graph import Graph
+from simulator.heap import GRANULARITY, LiveBytes, round_up
 from simulator.order import Order, categorized_order
 from simulator.trace import EventKind, Trace
 
 __all__ = [
-    "ALLOCATOR_GRANULARITY",
     "Assignment",
     "Move",
     "Program",
@@ -29,12 +31,7 @@ __all__ = [
     "simulate_memory",
 ]
 
-#: TensorFlow's BFC allocator rounds every allocation up to a multiple of 256 bytes
-#: (kMinAllocationSize in tensorflow/core/common_runtime/bfc_allocator.h).
-ALLOCATOR_GRANULARITY = 256
 
-_ALLOC = int(EventKind.ALLOC)
-_FREE = int(EventKind.FREE)
 _SWAP_OUT = int(EventKind.SWAP_OUT)
 _SWAP_IN = int(EventKind.SWAP_IN)
 _HOST_FREE = int(EventKind.HOST_FREE)
@@ -61,10 +58,6 @@ class Move(NamedTuple):
     held: int
     buffer: int
     release: int
-
-
-def _round_up(nbytes: int, granularity: int) -> int:
-    return -(-nbytes // granularity) * granularity if nbytes > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -105,20 +98,30 @@ def added_visits(visits: list[int], steps: Iterable[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class SimResult:
-    """What a simulation predicts: the peak, where it happens, what was resident, and the trace."""
+    """What a simulation predicts: the peaks, where the live peak happens, what was resident,
+    and the trace."""
 
-    peak_bytes: int
+    #: the most bytes of live buffers at once (the live-bytes heap)
+    live_peak_bytes: int
     peak_step: int
     peak_op: str
     peak_level: int
     persistent_bytes: int
     trace: Trace
     order: Order
-    live_peak_bytes: int
     resident_sizes: tuple[int, ...]
     host_peak_bytes: int = 0
     #: the program's assignments with the buffers their values had (for the allocator)
     moves: tuple[Move, ...] = ()
+    #: the peak an allocator model reached replaying the trace, if one did
+    allocator_peak_bytes: int | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        """The predicted peak: the allocator's when one replayed the trace, else the live one."""
+        if self.allocator_peak_bytes is None:
+            return self.live_peak_bytes
+        return self.allocator_peak_bytes
 
     @property
     def transient_peak_bytes(self) -> int:
@@ -144,7 +147,7 @@ def _last_uses(graph: Graph, order: Order, tid: dict[str, int]) -> list[int]:
 
 
 def compile_program(
-    graph: Graph, order: Order | None = None, *, granularity: int = ALLOCATOR_GRANULARITY
+    graph: Graph, order: Order | None = None, *, granularity: int = GRANULARITY
 ) -> Program:
     """Lower `graph` in `order` (the categorized order by default) for `simulate_memory`."""
     order = order or categorized_order(graph)
@@ -152,7 +155,7 @@ def compile_program(
     tid = {name: i for i, name in enumerate(names)}
     tensors = [graph.tensors[n] for n in names]
     resident = [t.kind.resident for t in tensors]
-    alloc = [_round_up(t.nbytes, granularity) for t in tensors]
+    alloc = [round_up(t.nbytes, granularity) for t in tensors]
     last = _last_uses(graph, order, tid)
     unwalked = [not t.kind.on_device for t in tensors]  # no device buffer of its own to walk
     steps: list[list[_Out]] = []
@@ -170,7 +173,7 @@ def compile_program(
             outs.append((tid[out], alloc[tid[out]], fwd, cands))
         if op.scratch:
             # the kernel's temporary memory: a buffer that dies at the step that made it
-            outs.append((len(names), _round_up(op.scratch, granularity), -1, ()))
+            outs.append((len(names), round_up(op.scratch, granularity), -1, ()))
             names.append(f"{op_name}:scratch")
             alloc.append(outs[-1][1])
             resident.append(False)
@@ -240,11 +243,12 @@ def _aliases(graph: Graph, name: str) -> list[str]:
 
 
 class _Walk:
-    """The interpreter's state while it walks one schedule: buffers, liveness and the trace.
+    """The interpreter's state while it walks one schedule: buffers and liveness. It accounts
+    for nothing itself: each allocation and release goes to the heap (`simulator.heap`), here
+    the live-bytes policy, which records the trace.
 
     `run` keeps the hot state in locals (it runs for every op of a graph of thousands, in every
-    trial of a search); the few steps a swap plan adds events to go through `_plan_*`, with the
-    scalars handed over in the attributes.
+    trial of a search); the few steps a swap plan adds events to go through `_plan_*`.
     """
 
     def __init__(self, program: Program) -> None:
@@ -253,10 +257,7 @@ class _Walk:
         self.buf_last = [-1] * len(program.last_use)
         self.frees: list[list[int] | None] = [None] * len(program.steps)
         self.trace = Trace(program.order.ops, program.levels, program.names)
-        self.record = self.trace.rows.append
-        self.live = self.peak = program.persistent_bytes
-        self.peak_step = 0
-        self.host = self.host_peak = 0
+        self.heap = LiveBytes(program.persistent_bytes, self.trace.rows.append)
         self.buf: list[int] = []
 
     def run(self) -> None:
@@ -264,11 +265,11 @@ class _Walk:
         then free the buffers whose last use it is; step outputs are freed after the last."""
         program = self.program
         last, sizes, buf = program.last_use, program.alloc_bytes, list(range(len(self.buf_last)))
-        buf_last, frees, record = self.buf_last, self.frees, self.record
+        buf_last, frees = self.buf_last, self.frees
+        alloc, free = self.heap.alloc, self.heap.free
         planned = [False] * len(program.steps)  # steps with swap events
         for q in program.host_out.keys() | program.swap_ins.keys() | program.host_free.keys():
             planned[q] = True
-        live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
         steps = program.steps
         for p in program.visits:
             outs = steps[p]
@@ -288,36 +289,23 @@ class _Walk:
                 else:  # compile_program keeps only outputs that need new device memory here
                     b = t
                     buf_last[t] = end
-                    live += nbytes
-                    record((_ALLOC, p, t, nbytes, live, host))
-                    if live > peak:
-                        peak, peak_step = live, p
+                    alloc(p, t, nbytes)
                 waiting = frees[end]
                 if waiting is None:
                     frees[end] = [b]
                 else:
                     waiting.append(b)
             if planned[p]:
-                self.live = live
-                self._plan_out(p)
-                host = self.host
+                self._host_events(p, program.host_out.get(p, ()), _SWAP_OUT, 1)
             waiting = frees[p]
             if waiting is not None:
                 for b in waiting:
                     if buf_last[b] == p:
                         buf_last[b] = -1
-                        live -= sizes[b]
-                        record((_FREE, p, b, sizes[b], live, host))
+                        free(p, b, sizes[b])
             if planned[p]:
-                self.live, self.peak, self.peak_step = live, peak, peak_step
                 self._plan_in(p)
-                live, peak, peak_step, host = self.live, self.peak, self.peak_step, self.host
-        self.live, self.peak, self.peak_step = live, peak, peak_step
         self.buf = buf
-
-    def _plan_out(self, p: int) -> None:
-        """Copies to the host the op at step `p` starts (before the step's frees)."""
-        self._host_events(p, self.program.host_out.get(p, ()), _SWAP_OUT, 1)
 
     def _plan_in(self, p: int) -> None:
         """Swap-ins the op at step `p` triggers, once the inputs it was the last to read are
@@ -330,18 +318,14 @@ class _Walk:
                 self.frees[last[t]] = [t]
             else:
                 waiting.append(t)
-            self.live += nbytes
-            self.record((_SWAP_IN, p, t, nbytes, self.live, self.host))
-            if self.live > self.peak:
-                self.peak, self.peak_step = self.live, p
+            self.heap.alloc(p, t, nbytes, _SWAP_IN)
         self._host_events(p, self.program.host_free.get(p, ()), _HOST_FREE, -1)
 
     def _host_events(self, p: int, events: Iterable[tuple[int, int]], kind: int, sign: int) -> None:
-        """Copies to the host (sign +1) or their release (sign -1) at step `p`."""
+        """Copies to the host (sign +1; the op at `p` starts them, before the step's frees) or
+        their release (sign -1) at step `p`."""
         for t, nbytes in events:
-            self.host += sign * nbytes
-            self.host_peak = max(self.host_peak, self.host)
-            self.record((kind, p, t, nbytes, self.live, self.host))
+            self.heap.host_event(kind, p, t, nbytes, sign)
 
 
 @contextmanager
@@ -366,22 +350,22 @@ def simulate_memory(program: Program) -> SimResult:
 def _simulate_memory(program: Program) -> SimResult:
     walk = _Walk(program)
     walk.run()
+    heap = walk.heap
     moves = tuple(
         Move(a.step, a.held, walk.buf[a.value] if a.value >= 0 else -1, a.release)
         for a in program.assignments
     )
     order = program.order
-    step = walk.peak_step
+    step = heap.peak_step
     return SimResult(
-        walk.peak,
-        step,
-        order.ops[step],
-        program.levels[step],
-        program.persistent_bytes,
-        walk.trace,
-        order,
-        walk.peak,
-        program.resident_sizes,
-        walk.host_peak,
-        moves,
+        live_peak_bytes=heap.peak,
+        peak_step=step,
+        peak_op=order.ops[step],
+        peak_level=program.levels[step],
+        persistent_bytes=program.persistent_bytes,
+        trace=walk.trace,
+        order=order,
+        resident_sizes=program.resident_sizes,
+        host_peak_bytes=heap.host_peak,
+        moves=moves,
     )
