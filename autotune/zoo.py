@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune import models
 from simulator.errors import UserError
 
 __all__ = ["ZOO", "ZooEntry", "ZooModel", "get_entry", "resolve_model"]
@@ -22,24 +23,37 @@ class ZooModel:
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """A named model builder; `cube` is the edge length for volumetric models, else None."""
+    """A named model builder; `cube` is the edge length for volumetric models, else None.
+    Without `loss` and `optimizer` factories, the entry trains with sparse categorical
+    cross-entropy on logits and SGD with momentum."""
 
     name: str
     description: str
     builder: Callable[..., Any]
     default_cube: int | None = None
+    loss: Callable[[], Any] | None = None
+    optimizer: Callable[[], Any] | None = None
 
-    def build(self, *, cube: int | None = None, seed: int = 0) -> ZooModel:
-        """Build the model (weights from `seed`), its loss and a fresh optimizer."""
+    def build(self, *, cube: int | None = None, seed: int = 0, **sizes: Any) -> ZooModel:
+        """Build the model (weights from `seed`), its loss and a fresh optimizer; `sizes` go
+        to the builder (tests build the papers' models small)."""
         if cube is not None and self.default_cube is None:
             raise UserError(f"model {self.name!r} has no cube size")
         import keras
 
         keras.utils.set_random_seed(seed)
         kwargs = {"cube": cube or self.default_cube} if self.default_cube else {}
-        model = self.builder(**kwargs)
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        model = self.builder(**kwargs, **sizes)
+        loss = (
+            self.loss()
+            if self.loss
+            else keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+        optimizer = (
+            self.optimizer()
+            if self.optimizer
+            else keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        )
         return ZooModel(model, loss, optimizer)
 
 
@@ -120,6 +134,22 @@ ZOO: dict[str, ZooEntry] = {
             "3D U-Net (16-128 filters, 4 levels), cube^3 x 4, 4 classes",
             _unet3d,
             default_cube=64,
+        ),
+        ZooEntry(
+            "unet3d-isensee2017",
+            "the TFLMS papers' 3D U-Net (Isensee 2017: depth 5, 16-256 filters, instance "
+            "norm, deep supervision), cube^3 x 4, 3 labels, weighted dice, Adam",
+            models.isensee2017,
+            default_cube=128,
+            loss=lambda: models.weighted_dice_loss,
+            optimizer=models.isensee2017_optimizer,
+        ),
+        ZooEntry(
+            "gpt2-small",
+            "GPT-2 124M (12 layers, 12 heads, width 768, 1024 tokens, tied embeddings), "
+            "causal LM loss, AdamW",
+            models.gpt2,
+            optimizer=models.gpt2_optimizer,
         ),
         ZooEntry("tiny-cnn", "9 conv layers in 3 stages, 32x32x3, 10 classes (tests)", _tiny_cnn),
         ZooEntry(

@@ -113,6 +113,7 @@ def readme(out: Path, seconds: dict[str, float], quick: bool) -> str:
         "",
         *_accuracy_section(_load(out / "simulator_accuracy.json")),
         *_plans_section(_load(out / "swap_plans.json")),
+        *_papers_section(_load(out / "max_batch.json")),
         *_batch_section(_load(out / "max_batch.json")),
         *_edges_section(_load(out / "order_edges.json")),
         *_report_section(out),
@@ -211,6 +212,46 @@ def _batch_section(tables: Any) -> list[str]:
         lines.append(
             f"| {t['model']} | {t['device']} | " + " | ".join(cells) + f" | "
             f"{ours['ratio']:.2f}x at {_x(ours['overhead'])} time | {t['seconds']:.0f} |"
+        )
+    return [*lines, ""]
+
+
+#: what the papers report for their models on a 16 GB V100 with NVLink 2.0 (ISMM 2019)
+PAPERS = {
+    "resnet50": "4.9x the batch (TFLMS on TensorFlow 1)",
+    "unet3d-isensee2017": "5.6x the resolution (TFLMS on TensorFlow 1)",
+}
+
+
+def _papers_section(tables: Any) -> list[str]:
+    """Our largest batch or cube beside the papers' figure, on the papers' device."""
+    rows = [t for t in tables or [] if t["device"] == "v100-16gb-nvlink2"]
+    rows = [t for t in rows if t["model"] in (*PAPERS, "gpt2-small")]
+    if not rows:
+        return []
+    lines = [
+        "## Beside the papers (simulated here, measured on a GPU there)",
+        "",
+        "The papers measured TFLMS on TensorFlow 1 on a real 16 GB V100 with NVLink 2.0; "
+        "our figures are the simulator's, for TensorFlow 2.21's graph of the same model on the "
+        "`v100-16gb-nvlink2` preset with the default budget (0.92 x 16 GiB). TFLMS does not "
+        "run on TensorFlow 2, so the two tools were not run on one machine.",
+        "",
+        "| model | papers | ours: no swap | ours: largest | ratio | overhead there |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in rows:
+        by = {r["method"]: r for r in t["rows"]}
+        base, ours = by["no swapping"]["max"], by["ours"]
+        if t["unit"] == "cube edge":
+            edge = ours["max"] / (base or 1)
+            ratio = f"{edge:.2f}x the edge, {edge**3:.2f}x the voxels"
+            sizes = f"{base}^3", f"{ours['max']}^3"
+        else:
+            ratio, sizes = f"{ours['ratio']:.2f}x the batch", (str(base), str(ours["max"]))
+        lines.append(
+            f"| {t['model']} | {PAPERS.get(t['model'], 'not in the papers')} | {sizes[0]} | "
+            f"{sizes[1]} | {ratio} | {_x(ours['overhead'])} |"
         )
     return [*lines, ""]
 

@@ -33,3 +33,29 @@ def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) 
     assert edges["True"]["order_edges"] > 0 and edges["False"]["order_edges"] == 0
     measured = format_bytes(edges["True"]["measured_peak_bytes"])
     assert f"{measured} with {edges['True']['order_edges']}" in readme
+
+
+def _table(model: str, unit: str, no_swap: int, ours: int) -> dict[str, object]:
+    rows = [
+        {"method": "no swapping", "max": no_swap, "ratio": 1.0, "overhead": 1.0},
+        {"method": "ours", "max": ours, "ratio": ours / no_swap, "overhead": 1.25},
+    ]
+    return {"model": model, "device": "v100-16gb-nvlink2", "unit": unit, "rows": rows}
+
+
+def test_the_papers_table_sets_our_ratios_beside_theirs() -> None:
+    from autotune.benchmarks.bench import _papers_section
+
+    tables = [
+        _table("resnet50", "batch", 100, 550),
+        _table("unet3d-isensee2017", "cube edge", 128, 256),
+        _table("gpt2-small", "batch", 4, 12),
+        {**_table("resnet50", "batch", 1, 2), "device": "v100-16gb-pcie3"},
+    ]
+    lines = _papers_section(tables)
+    rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 3  # the papers' device only
+    assert "4.9x" in rows[0] and "| 100 | 550 | 5.50x the batch | 1.25x |" in rows[0]
+    assert "5.6x" in rows[1] and "| 128^3 | 256^3 | 2.00x the edge, 8.00x the voxels |" in rows[1]
+    assert "not in the papers" in rows[2] and "3.00x the batch" in rows[2]
+    assert _papers_section([]) == []

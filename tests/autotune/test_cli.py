@@ -12,7 +12,7 @@ def _one_line_error(out, needle: str) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_models_lists_the_zoo() -> None:
-    assert set(cli_json("models")) == set(ZOO) >= {"resnet50", "unet3d", "tiny-cnn"}
+    assert set(cli_json("models")) == set(ZOO) >= {"resnet50", "unet3d-isensee2017", "gpt2-small"}
 
 
 @pytest.mark.parametrize(
