@@ -26,21 +26,29 @@ def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
     cf = captured.concrete_function
     config = context.context().config
     optimized = tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False)
-    _retype_for_import(optimized)
-    return graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
+    retyped = _retype_for_import(optimized)
+    graph = graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
+    if retyped:  # the IR says what runs: bfloat16 (oneDNN's pass treats it as it does float)
+        for tensor in graph.tensors.values():
+            if tensor.dtype == "float16":
+                tensor.dtype = "bfloat16"
+    return graph
 
 
-def _retype_for_import(graph_def: Any) -> None:
+def _retype_for_import(graph_def: Any) -> bool:
     """Make bfloat16 read half throughout the graph when an op in it is registered without
     bfloat16, so that the graph imports. Grappler fuses kernels the runtime has in bfloat16
     (oneDNN's `_FusedConv2D` under `mixed_bfloat16`) while the op's registered signature allows
     only half, float and double, which the importer checks (inputs included, hence every op).
-    Half has bfloat16's size, so every tensor keeps its bytes; only dtype names read half."""
+    Half has bfloat16's size, so every tensor keeps its bytes; only dtype names read half.
+    Returns whether it retyped a graph that had no half of its own, so that every half of the
+    imported graph was bfloat16."""
     from tensorflow.core.framework import types_pb2
 
     bf16, half = types_pb2.DT_BFLOAT16, types_pb2.DT_HALF
     if not any(_refuses(node, bf16) for node in graph_def.node):
-        return
+        return False
+    had_half = any(_has_type(node, half) for node in graph_def.node)
     for node in graph_def.node:
         for value in node.attr.values():
             if value.type == bf16:
@@ -49,6 +57,15 @@ def _retype_for_import(graph_def: Any) -> None:
                 value.list.type[:] = [half if t == bf16 else t for t in value.list.type]
             if value.tensor.dtype == bf16:
                 value.tensor.dtype = half
+    return not had_half
+
+
+def _has_type(node: Any, dtype: int) -> bool:
+    """True when any attribute of `node` names `dtype`."""
+    return any(
+        v.type == dtype or dtype in v.list.type or v.tensor.dtype == dtype
+        for v in node.attr.values()
+    )
 
 
 def _refuses(node: Any, dtype: int) -> bool:

@@ -1,7 +1,7 @@
 """The step as TensorFlow's oneDNN graph pass hands it to the executor.
 
 With oneDNN, `MklLayoutRewritePass` runs after Grappler. Besides renaming kernels (re-creating
-each op, see below), it merges each float `Conv2DBackpropFilter(x, sizes, g)` with the
+each op, see below), it merges each floating `Conv2DBackpropFilter(x, sizes, g)` with the
 `BiasAddGrad(g)` of the same gradient into one kernel named after the filter gradient, whose
 outputs are the filter and the bias gradients. The merge re-adds edges, and that changes the
 order in which the pass sees the successors of the op that made `g`:
@@ -60,7 +60,9 @@ REWRITTEN_TYPES = frozenset(
 _INLINE_EDGES = 8
 #: max pooling gradients the pass rewrites, and the pooling whose workspace each reads
 _POOL_GRADS = {"MaxPoolGrad": "MaxPool", "MaxPool3DGrad": "MaxPool3D"}
-_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+#: the floating types whose convolution gradients and poolings the pass rewrites (read from
+#: the partition graphs TensorFlow 2.21 ran for tiny-cnn under each Keras precision policy)
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def onednn_graph(graph: Graph) -> Graph:
@@ -94,16 +96,16 @@ def _pool_pairs(graph: Graph) -> list[tuple[str, str]]:
 
 
 def _merge_pairs(graph: Graph) -> list[tuple[str, str]]:
-    """(BiasAddGrad, Conv2DBackpropFilter) pairs reading the same float gradient on the same
-    device: for each bias gradient, the first filter gradient that reads the gradient as its
-    third input."""
+    """(BiasAddGrad, Conv2DBackpropFilter) pairs reading the same floating gradient on the
+    same device: for each bias gradient, the first filter gradient that reads the
+    gradient as its third input."""
     pairs: list[tuple[str, str]] = []
     taken: set[str] = set()
     for name, op in graph.ops.items():
         if op.type != "BiasAddGrad" or not op.inputs:
             continue
         grad = graph.tensors[op.inputs[0]]
-        if grad.dtype != "float32":
+        if grad.dtype not in _ITEMSIZE:
             continue
         for reader in grad.consumers:
             other = graph.ops[reader]

@@ -59,16 +59,16 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def _capture_zoo(args: argparse.Namespace) -> Any:
+    """The step of `--model`: a zoo model, or the user's `file.py:function`."""
     from autotune.api import capture
-    from autotune.zoo import get_entry
+    from autotune.zoo import resolve_model
 
-    entry = get_entry(args.model)
-    zm = entry.build(cube=args.cube)
+    zm = resolve_model(args.model, cube=args.cube)
     return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=args.batch_size)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    """Capture a zoo model's training step and predict its peak device memory."""
+    """Capture a model's training step and predict its peak device memory."""
     from autotune.api import simulate_captured
 
     params, preset = plan_params(args), device_preset(args)
@@ -85,7 +85,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    """Run a zoo model's training step on the device and measure its real peak memory."""
+    """Run a model's training step on the device and measure its real peak memory."""
     from autotune.run.measure import measure
 
     m = measure(_capture_zoo(args), repeats=args.repeats, warmup=args.warmup_steps)
@@ -101,7 +101,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Rewrite a zoo model's step with a plan, run it and the original, compare to prediction."""
+    """Rewrite a model's step with a plan, run it and the original, compare to prediction."""
     from autotune.run.verify import limit_gpu_memory, use_two_cpus, verify_captured
     from simulator.derive import PlanParams
 

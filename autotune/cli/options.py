@@ -194,7 +194,9 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="zoo model name (see `autotune models`)")
+    p.add_argument(
+        "--model", required=True, help="zoo model name, or path/to/file.py:build_function"
+    )
     p.add_argument("--batch-size", type=positive_int, required=True, help="images per step")
     p.add_argument("--cube", type=positive_int, default=None, help="edge length for 3D models")
     p.add_argument("--json", action="store_true", help="print one JSON object")

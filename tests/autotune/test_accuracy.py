@@ -8,6 +8,7 @@ against the median of a step measured in three other processes.
 """
 
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,40 @@ def test_measured_peak_within_10_percent_of_the_predicted_peaks(model: str, batc
     print(what)
     assert sim["schedule"] == "executor"
     assert 0.9 * low <= measured <= 1.1 * high, what
+
+
+POLICY_MODEL = """
+import keras
+from autotune.zoo import get_entry
+
+
+def build():
+    keras.mixed_precision.set_global_policy({policy!r})
+    zm = get_entry("tiny-cnn").build()
+    zm.model.compile(loss=zm.loss, optimizer=zm.optimizer)
+    return zm.model
+"""
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_a_cnn_is_predicted_within_10_percent_under_each_precision_policy(
+    policy: str, tmp_path: Path
+) -> None:
+    """The tiny CNN at batch 96 from the user's own model file, under each mixed Keras policy
+    (float32: `test_measured_peak_within_10_percent_of_the_predicted_peaks`): the prediction
+    without a run against the median of three processes. On a oneDNN CPU the
+    graph pass merges the filter and bias gradients and gives max poolings a workspace for
+    half and bfloat16 as for float32; modelling that for float32 only over-predicted
+    mixed_bfloat16 by 25 % and mixed_float16 by 19 % here (32.6 and 29.5 MiB predicted,
+    25.4 and 24.8 measured)."""
+    path = tmp_path / "model.py"
+    path.write_text(POLICY_MODEL.format(policy=policy))
+    spec = f"{path}:build"
+    sim = cli_json("simulate", "--model", spec, "--batch-size", "96")
+    peaks = [
+        cli_json("measure", "--model", spec, "--batch-size", "96")["peak_bytes"] for _ in range(3)
+    ]
+    measured = statistics.median(peaks)
+    what = f"{policy}: predicted {sim['peak_bytes']} B, measured {peaks}"
+    print(what)
+    assert abs(sim["peak_bytes"] / measured - 1) <= 0.10, what
