@@ -90,6 +90,12 @@ class Simulation:
     def swapped_tensors(self) -> int:
         return len(self.plan.swaps)
 
+    @property
+    def recompute_seconds(self) -> float | None:
+        """Compute time the plan's recomputes add per step (None without the time model)."""
+        time = self.evaluation.result.time
+        return time.recompute_seconds if time else None
+
     def to_dict(self) -> dict[str, Any]:
         """The fields of `autotune simulate --json`."""
         r = self.result
@@ -107,6 +113,9 @@ class Simulation:
             "overhead": self.overhead,
             "swapped_tensors": self.swapped_tensors,
             "swapped_bytes": self.plan.swapped_bytes,
+            "recomputed_tensors": len(self.plan.recomputes),
+            "recomputed_bytes": self.plan.recomputed_bytes,
+            "recompute_seconds": self.recompute_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
             "params": self.evaluation.params.to_dict(),
             "peak_op": r.peak_op,

@@ -152,6 +152,9 @@ def apply_plan(
         for before, later in plan.order_edges:
             _wait(g.get_operation_by_name(later), g.get_operation_by_name(before))
         after = _insert_swaps(g, plan, mode, host_device)
+        with _on(compute_device if mode == "device" else None):
+            for trigger, ops in _insert_recomputes(g, plan).items():
+                after.setdefault(trigger, []).extend(ops)
         names.extend(op.name for ops in after.values() for op in ops)
         triggers.update(_triggers(after))
         if pin_order:
@@ -235,6 +238,35 @@ def _insert_swaps(g: Any, plan: SwapPlan, mode: str, host_device: str) -> dict[s
             for reader in swap_in.consumers:
                 _reroute(g.get_operation_by_name(reader), tensor, back)
     return after
+
+
+def _insert_recomputes(g: Any, plan: SwapPlan) -> dict[str, list[Any]]:
+    """Add a copy of each recompute's ops (named `recompute/...`) that waits for its trigger,
+    reading the original tensors except where the chain makes its own, and reroute the
+    backward readers to the copy; return the copies by trigger. The copies carry the keep
+    attribute and a control input the originals lack, so Grappler neither removes them nor
+    merges them back into the originals."""
+    after: dict[str, list[Any]] = {}
+    for k, rc in enumerate(plan.recomputes):
+        trigger = g.get_operation_by_name(rc.trigger)
+        made: dict[str, Any] = {}
+        for name in rc.ops:
+            original = g.get_operation_by_name(name)
+            inputs = [made.get(t.name, t) for t in original.inputs]
+            copy = _copy_op(g, original, inputs, f"recompute/{k}/{name}")
+            copy._add_control_input(trigger)  # (no Pow: not RECOMPUTABLE, see `_wait`)
+            made.update(zip((t.name for t in original.outputs), copy.outputs))
+            after.setdefault(rc.trigger, []).append(_keep(copy.outputs[0]))
+        tensor = g.get_tensor_by_name(rc.tensor)
+        for reader in rc.consumers:
+            _reroute(g.get_operation_by_name(reader), tensor, made[rc.tensor])
+    return after
+
+
+def _copy_op(g: Any, op: Any, inputs: list[Any], name: str) -> Any:
+    """A new op of `op`'s type and attributes (those of TensorFlow, not ours) on `inputs`."""
+    attrs = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
+    return g.create_op(op.type, inputs, [t.dtype for t in op.outputs], name=name, attrs=attrs)
 
 
 def _pin(

@@ -31,7 +31,7 @@ from simulator.order import (
     executor_orders,
     scheduled_order,
 )
-from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
+from simulator.plan import InvalidPlan, Recompute, Swap, SwapIn, SwapPlan
 from simulator.run import PlanResult, simulate_plan
 from simulator.swap import lower_plan
 from simulator.timing import Link, Timeline, TimeResult, Transfer, simulate_time
@@ -43,6 +43,7 @@ __all__ = [
     "InvalidPlan",
     "Link",
     "PlanResult",
+    "Recompute",
     "Swap",
     "SwapIn",
     "SwapPlan",

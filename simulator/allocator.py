@@ -124,7 +124,7 @@ class BFCModel:
         return list(placed)
 
     def replay(self, rows: Iterable[Row], where: list[int]) -> None:
-        """Replay a trace's rows in turn: place each device allocation (ALLOC, SWAP_IN) and
+        """Replay a trace's rows in turn: place each device allocation (`DEVICE_ALLOCS`) and
         release each FREE; host events pass. `where` holds each placed tensor's address (in
         units). One loop with its state in locals, reading the walk's rows as they are: it runs
         for every allocation of every simulated step."""
@@ -347,7 +347,9 @@ def _replay_peak(
 
 
 # rows of a step after its op ran: the frees of the inputs it last read, then its swap-ins
-_AFTER_THE_OP = frozenset(map(int, (EventKind.FREE, EventKind.SWAP_IN, EventKind.HOST_FREE)))
+_AFTER_THE_OP = frozenset(
+    map(int, (EventKind.FREE, EventKind.SWAP_IN, EventKind.RECOMPUTE, EventKind.HOST_FREE))
+)
 # what a variable write does to the allocator, at a row of the trace (see `_move_actions`)
 _RELEASE_OLD, _ADOPT, _COPY = 0, 1, 2
 # (row index, order at that row, action, held variable, buffer, whether the old one waits)

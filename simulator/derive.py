@@ -7,19 +7,24 @@ swapped (-1 all, 0 none). Each backward reader is rerouted to a swap-in triggere
 reader's own inputs (`chain_rule`); swap-ins of one tensor whose readers lie within `groupby`
 levels are fused; with `sync_out` the tensor's forward readers wait for its swap-out. Shape-only
 ops are never rerouted and never triggers.
+
+With `recompute="cheap"` (ours), every candidate made by a cheap element-wise op
+(`opsemantics.RECOMPUTABLE`) is recomputed instead, when a chain of at most `recompute_ops`
+such ops makes it again from tensors the step holds anyway just before its first backward
+reader; those tensors are then never swapped, and the rest are swapped as above.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from simulator.errors import UserError
 from simulator.graph import Graph, TensorKind
-from simulator.opsemantics import SHAPE_ONLY, unswappable_ops
+from simulator.opsemantics import RECOMPUTABLE, SHAPE_ONLY, unswappable_ops
 from simulator.order import Order, categorized_order
-from simulator.plan import InvalidPlan, Swap, SwapIn, SwapPlan
+from simulator.plan import InvalidPlan, Recompute, Swap, SwapIn, SwapPlan
 
 __all__ = [
     "BACKWARD_SCOPES",
@@ -33,6 +38,7 @@ __all__ = [
 #: Name scopes of the backward phase: TF2's GradientTape and TF1-style gradients.
 BACKWARD_SCOPES = ("gradient_tape/", "gradients/")
 TRIGGER_STRATEGIES = ("direct_order", "chain_rule")
+RECOMPUTE_MODES = ("none", "cheap")
 _NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
 
@@ -56,6 +62,8 @@ class PlanParams:
     exclude_types: tuple[str, ...] = ()
     include_scopes: tuple[str, ...] = ()
     exclude_scopes: tuple[str, ...] = ()
+    recompute: str = "none"
+    recompute_ops: int = 2
 
     def __post_init__(self) -> None:
         if self.n_tensors < -1:
@@ -66,6 +74,10 @@ class PlanParams:
             raise UserError("threshold must be at least 1 and groupby at least 0")
         if self.trigger not in TRIGGER_STRATEGIES:
             raise UserError(f"trigger must be one of {', '.join(TRIGGER_STRATEGIES)}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise UserError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}")
+        if self.recompute_ops < 1:
+            raise UserError(f"recompute_ops must be at least 1, got {self.recompute_ops}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -102,6 +114,9 @@ class PlanContext:
     candidates: list[_Candidate]
     by_level: list[list[str]]
     _preds: dict[str, list[str]] = field(default_factory=dict)
+    #: per tensor, the position of its last reader in `order` (its producer's when unread)
+    last_read: dict[str, int] = field(default_factory=dict)
+    unswappable: frozenset[str] = frozenset()
 
     @classmethod
     def build(
@@ -117,12 +132,18 @@ class PlanContext:
             if graph.ops[name].type not in _NOT_TRIGGERS:
                 by_level[order.level[name]].append(name)
         ctx = cls(graph, order, backward, [], by_level)
+        ctx.unswappable = unswappable_ops(graph)
+        pos = order.position
+        ctx.last_read = {
+            name: max((pos[c] for c in t.consumers), default=pos[t.producer])
+            for name, t in graph.tensors.items()
+        }
         ctx.candidates = ctx._find_candidates()
         return ctx
 
     def _find_candidates(self) -> list[_Candidate]:
         out = []
-        unswappable = unswappable_ops(self.graph)
+        unswappable = self.unswappable
         for producer in self.order.ops:
             op = self.graph.ops[producer]
             if producer in self.backward or op.forwards or producer in unswappable:
@@ -157,17 +178,87 @@ def _in_scopes(name: str, scopes: tuple[str, ...]) -> bool:
 
 
 def derive_plan(ctx: PlanContext, params: PlanParams) -> SwapPlan:
-    """The swap plan `params` gives on the graph of `ctx`."""
+    """The plan `params` gives on the graph of `ctx`: recomputes first, then swaps."""
+    recomputes, held = _recomputes(ctx, params)
+    made = {r.tensor for r in recomputes}
     swaps: list[Swap] = []
     for cand in ctx.candidates:
         if params.n_tensors != -1 and len(swaps) >= params.n_tensors:
             break
-        if not _selected(ctx, cand, params):
+        if cand.tensor in made or cand.tensor in held or not _selected(ctx, cand, params):
             continue
         swap = _swap(ctx, cand, params)
         if swap is not None:
             swaps.append(swap)
-    return SwapPlan(tuple(swaps), params.to_dict(), ctx.graph.name)
+    plan = SwapPlan(tuple(swaps), params.to_dict(), ctx.graph.name)
+    return replace(plan, recomputes=tuple(recomputes)) if recomputes else plan
+
+
+def _recomputes(ctx: PlanContext, params: PlanParams) -> tuple[list[Recompute], set[str]]:
+    """With `recompute="cheap"`, a recompute for every candidate a chain of cheap ops can make
+    again (see the module's docstring), and the tensors those chains read (kept on device)."""
+    out: list[Recompute] = []
+    held: set[str] = set()
+    if params.recompute == "none":
+        return out, held
+    for cand in ctx.candidates:
+        if cand.tensor in held:
+            continue  # a chain made earlier reads it where it is
+        found = _recompute(ctx, cand, params, {r.tensor for r in out})
+        if found is not None:
+            out.append(found[0])
+            held |= found[1]
+    return out, held
+
+
+def _recompute(
+    ctx: PlanContext, cand: _Candidate, params: PlanParams, recomputed: set[str]
+) -> tuple[Recompute, set[str]] | None:
+    """The recompute of `cand` and the tensors its chain reads, or None when no chain of at
+    most `recompute_ops` cheap ops makes it from tensors live anyway at its trigger, or when
+    it would free nothing (no step between its last forward reader and the trigger)."""
+    trigger = _trigger(ctx, cand, cand.readers[0], PlanParams())
+    if trigger is None:
+        return None
+    pos = ctx.order.position
+    at = pos[trigger]
+    readers = tuple(c for _, c in cand.readers)
+    tensor = ctx.graph.tensors[cand.tensor]
+    kept = [pos[c] for c in tensor.consumers if c not in readers]
+    if max(kept, default=pos[cand.producer]) >= at:
+        return None  # the original would live until the copy is made: nothing freed
+    chain = _chain(ctx, cand.producer, at, params.recompute_ops, recomputed)
+    if chain is None:
+        return None
+    ops, reads = chain
+    return Recompute(cand.tensor, tensor.nbytes, ops, trigger, readers), reads
+
+
+def _chain(
+    ctx: PlanContext, producer: str, at: int, budget: int, recomputed: set[str]
+) -> tuple[tuple[str, ...], set[str]] | None:
+    """The ops, in order, that make `producer`'s output again at step `at` (at most `budget`
+    of them) and the tensors they read, or None."""
+    graph = ctx.graph
+    op = graph.ops[producer]
+    if op.type not in RECOMPUTABLE or len(op.outputs) != 1 or producer in ctx.unswappable:
+        return None
+    ops: list[str] = []
+    reads: set[str] = set()
+    for name in dict.fromkeys(op.inputs):
+        t = graph.tensors[name]
+        live = ctx.last_read[name] >= at and name not in recomputed
+        if not t.kind.on_device or live:
+            reads.add(name)
+            continue
+        if budget <= 1 + len(ops) or t.producer in ctx.backward:
+            return None
+        inner = _chain(ctx, t.producer, at, budget - 1 - len(ops), recomputed)
+        if inner is None:
+            return None
+        ops += [o for o in inner[0] if o not in ops]
+        reads |= inner[1]
+    return (*ops, producer), reads
 
 
 def _selected(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> bool:
@@ -241,8 +332,12 @@ def _chain_rule(ctx: PlanContext, cand: _Candidate, reader: str, params: PlanPar
 
 
 def check_plan(graph: Graph, order: Order, plan: SwapPlan) -> None:
-    """Raise InvalidPlan unless every swap-in is triggered strictly before all its readers (so
-    no trigger can depend on its own swap-in: no cycle) and no shape-only op is involved."""
+    """Raise InvalidPlan unless every swap-in and recompute is triggered strictly before all
+    its readers (so no trigger can depend on its own copy: no cycle), no shape-only op is
+    involved, and every op a plan re-runs is pure and cheap (`RECOMPUTABLE`: never a random,
+    stateful or variable-reading op)."""
+    for rc in plan.recomputes:
+        _check_recompute(graph, order, rc)
     for swap in plan.swaps:
         for s in swap.swap_ins:
             if s.trigger not in graph.ops or any(c not in graph.ops for c in s.consumers):
@@ -255,3 +350,22 @@ def check_plan(graph: Graph, order: Order, plan: SwapPlan) -> None:
             involved = [s.trigger, *s.consumers]
             if any(graph.ops[o].type in SHAPE_ONLY for o in involved):
                 raise InvalidPlan(f"swap-in of {swap.tensor!r} involves a shape-only op")
+
+
+def _check_recompute(graph: Graph, order: Order, rc: Recompute) -> None:
+    named = [rc.trigger, *rc.ops, *rc.consumers]
+    if any(o not in graph.ops for o in named):
+        raise InvalidPlan(f"recompute of {rc.tensor!r} names ops missing from the graph")
+    impure = [o for o in rc.ops if graph.ops[o].type not in RECOMPUTABLE]
+    if impure:
+        kinds = ", ".join(f"{o} ({graph.ops[o].type})" for o in impure)
+        raise InvalidPlan(
+            f"recompute of {rc.tensor!r} would re-run ops that are not pure and cheap: {kinds}"
+        )
+    if not rc.ops or rc.tensor not in graph.ops[rc.ops[-1]].outputs:
+        raise InvalidPlan(f"recompute of {rc.tensor!r}: its last op does not produce it")
+    first = min(order.level[c] for c in rc.consumers)
+    if order.level[rc.trigger] >= first:
+        raise InvalidPlan(f"trigger {rc.trigger!r} of {rc.tensor!r} is not before its readers")
+    if any(graph.ops[o].type in SHAPE_ONLY for o in (rc.trigger, *rc.consumers)):
+        raise InvalidPlan(f"recompute of {rc.tensor!r} involves a shape-only op")

@@ -35,6 +35,7 @@ __all__ = [
 _SWAP_OUT = int(EventKind.SWAP_OUT)
 _SWAP_IN = int(EventKind.SWAP_IN)
 _HOST_FREE = int(EventKind.HOST_FREE)
+_RECOMPUTE = int(EventKind.RECOMPUTE)
 
 # One output in the compiled program: (tensor id, allocation bytes, forwarded-from id, in-place ids)
 _Out = tuple[int, int, int, tuple[int, ...]]
@@ -88,6 +89,10 @@ class Program:
     swap_ins: dict[int, list[_Out]] = field(default_factory=dict)
     #: the variable writes, in step order: TensorFlow moves variables between buffers there
     assignments: tuple[Assignment, ...] = ()
+    #: per step, the outputs of the ops a plan re-runs after the op at that step, in order:
+    #: allocated after the step's frees; those last used at that step (the chain's
+    #: intermediates) are freed once all are placed
+    recomputes: dict[int, list[_Out]] = field(default_factory=dict)
 
 
 def added_visits(visits: list[int], steps: Iterable[int]) -> list[int]:
@@ -267,8 +272,13 @@ class _Walk:
         last, sizes, buf = program.last_use, program.alloc_bytes, list(range(len(self.buf_last)))
         buf_last, frees = self.buf_last, self.frees
         alloc, free = self.heap.alloc, self.heap.free
-        planned = [False] * len(program.steps)  # steps with swap events
-        for q in program.host_out.keys() | program.swap_ins.keys() | program.host_free.keys():
+        planned = [False] * len(program.steps)  # steps with swap or recompute events
+        for q in (
+            program.host_out.keys()
+            | program.swap_ins.keys()
+            | program.host_free.keys()
+            | program.recomputes.keys()
+        ):
             planned[q] = True
         steps = program.steps
         for p in program.visits:
@@ -309,17 +319,30 @@ class _Walk:
 
     def _plan_in(self, p: int) -> None:
         """Swap-ins the op at step `p` triggers, once the inputs it was the last to read are
-        freed, then the host copies released at `p`. A swap-in is always a new buffer."""
-        last = self.program.last_use
+        freed, then the ops it triggers to re-run, then the host copies released at `p`. A
+        swapped-in or recomputed copy is always a new buffer."""
         for t, nbytes, _, _ in self.program.swap_ins.get(p, ()):
-            self.buf_last[t] = last[t]
-            waiting = self.frees[last[t]]
+            self._place(p, t, nbytes, _SWAP_IN)
+        chain = self.program.recomputes.get(p, ())
+        for t, nbytes, _, _ in chain:
+            self._place(p, t, nbytes, _RECOMPUTE)
+        for t, nbytes, _, _ in chain:
+            if self.buf_last[t] == p:  # an intermediate of the chain: dies within it
+                self.buf_last[t] = -1
+                self.heap.free(p, t, nbytes)
+        self._host_events(p, self.program.host_free.get(p, ()), _HOST_FREE, -1)
+
+    def _place(self, p: int, t: int, nbytes: int, kind: int) -> None:
+        """A new buffer for tensor `t` at step `p`, freed after its last use."""
+        end = self.program.last_use[t]
+        self.buf_last[t] = end
+        if end > p:
+            waiting = self.frees[end]
             if waiting is None:
-                self.frees[last[t]] = [t]
+                self.frees[end] = [t]
             else:
                 waiting.append(t)
-            self.heap.alloc(p, t, nbytes, _SWAP_IN)
-        self._host_events(p, self.program.host_free.get(p, ()), _HOST_FREE, -1)
+        self.heap.alloc(p, t, nbytes, kind)
 
     def _host_events(self, p: int, events: Iterable[tuple[int, int]], kind: int, sign: int) -> None:
         """Copies to the host (sign +1; the op at `p` starts them, before the step's frees) or

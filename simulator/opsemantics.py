@@ -10,6 +10,7 @@ from __future__ import annotations
 from simulator.graph import Graph
 
 __all__ = [
+    "RECOMPUTABLE",
     "SHAPE_ONLY",
     "assignment",
     "forwards",
@@ -97,6 +98,16 @@ _BINARY = frozenset(
         "BiasAdd",
         "BiasAddV1",
     }
+)
+
+#: Op types cheap enough to run twice, and pure: element-wise kernels whose output is a
+#: function of their inputs alone (no random op, no stateful op, no variable read), that cost
+#: about what it takes to read and write their tensors once: far less than a round trip of
+#: their output over a host link.
+RECOMPUTABLE = frozenset(
+    (_UNARY - {"OnesLike", "ZerosLike", "_UnaryOpsComposition"})
+    | {t for t in _BINARY if not t.endswith("Grad") and t != "Pow"}
+    | {"Cast"}
 )
 
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.

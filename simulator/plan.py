@@ -1,5 +1,8 @@
 """The swap plan: plain data that the simulator simulates and the TensorFlow rewriter applies.
 
+A plan swaps tensors to the host and back (`Swap`) and recomputes others in the backward pass
+(`Recompute`).
+
 One `SwapPlan` object is the single source of truth for both, so they cannot drift apart.
 """
 
@@ -10,7 +13,7 @@ from typing import Any
 
 from simulator.errors import UserError
 
-__all__ = ["InvalidPlan", "Swap", "SwapIn", "SwapPlan"]
+__all__ = ["InvalidPlan", "Recompute", "Swap", "SwapIn", "SwapPlan"]
 
 
 class InvalidPlan(UserError):
@@ -44,6 +47,20 @@ class Swap:
 
 
 @dataclass(frozen=True)
+class Recompute:
+    """Free `tensor` after its last reader outside `consumers` and make it again, once op
+    `trigger` has run, by re-running `ops` (in order; the last produces `tensor`) for the
+    backward `consumers`. Every input of `ops` not made by `ops` itself is read from the
+    tensors the step holds then; the copies' intermediate outputs die within the chain."""
+
+    tensor: str
+    nbytes: int
+    ops: tuple[str, ...]
+    trigger: str
+    consumers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class SwapPlan:
     """The swaps of one graph, with the parameters they came from (for reports and checks).
 
@@ -56,11 +73,17 @@ class SwapPlan:
     params: dict[str, Any] = field(default_factory=dict)
     graph_name: str = ""
     order_edges: tuple[tuple[str, str], ...] = ()
+    recomputes: tuple[Recompute, ...] = ()
 
     @property
     def swapped_bytes(self) -> int:
         """Bytes copied to the host per step."""
         return sum(s.nbytes for s in self.swaps)
+
+    @property
+    def recomputed_bytes(self) -> int:
+        """Bytes of the tensors made again in the backward pass per step."""
+        return sum(r.nbytes for r in self.recomputes)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
@@ -79,6 +102,16 @@ class SwapPlan:
                 }
                 for s in self.swaps
             ],
+            "recomputes": [
+                {
+                    "tensor": r.tensor,
+                    "nbytes": r.nbytes,
+                    "ops": list(r.ops),
+                    "trigger": r.trigger,
+                    "consumers": list(r.consumers),
+                }
+                for r in self.recomputes
+            ],
         }
 
     @classmethod
@@ -94,4 +127,11 @@ class SwapPlan:
             for s in data.get("swaps", [])
         )
         edges = tuple((str(a), str(b)) for a, b in data.get("order_edges", []))
-        return cls(swaps, dict(data.get("params", {})), data.get("graph", ""), edges)
+        recomputes = tuple(
+            Recompute(
+                r["tensor"], int(r["nbytes"]), tuple(r["ops"]), r["trigger"], tuple(r["consumers"])
+            )
+            for r in data.get("recomputes", [])
+        )
+        params = dict(data.get("params", {}))
+        return cls(swaps, params, data.get("graph", ""), edges, recomputes)

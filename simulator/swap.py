@@ -1,10 +1,13 @@
-"""Lower a swap plan onto a compiled program: swap-outs, swap-ins, rerouted consumers.
+"""Lower a plan onto a compiled program: swap-outs, swap-ins, recomputes, rerouted consumers.
 
 The device copy of a swapped tensor dies after its last consumer that is not rerouted (or, with
 the time model, once its copy to the host has finished, if that is later); each swap-in allocates
 a device copy when its trigger op has run (after the inputs the trigger was the last to read are
 freed), which its rerouted consumers read; the host copy is
-released once the last swap-in has read it.
+released once the last swap-in has read it. A recomputed tensor's original dies after its last
+consumer that is not rerouted; when its trigger has run, the outputs of the re-run ops are
+allocated (the chain's intermediates freed once it is done), and the chain's inputs live at
+least until then.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import dataclasses
 
 from simulator.graph import Graph
 from simulator.memory import Program, _Out, added_visits
-from simulator.plan import InvalidPlan, Swap, SwapPlan
+from simulator.plan import InvalidPlan, Recompute, Swap, SwapPlan
 
 __all__ = ["lower_plan"]
 
@@ -30,6 +33,11 @@ def lower_plan(
             raise InvalidPlan(f"tensor {swap.tensor!r} is swapped twice")
         seen.add(swap.tensor)
         lowered.add(graph, swap, (release or {}).get(swap.tensor, -1))
+    for rc in plan.recomputes:
+        if rc.tensor in seen:
+            raise InvalidPlan(f"tensor {rc.tensor!r} is both swapped and recomputed, or twice")
+        seen.add(rc.tensor)
+        lowered.add_recompute(graph, rc)
     return lowered.program()
 
 
@@ -45,6 +53,9 @@ class _Lowering:
         self.host_out: dict[int, list[tuple[int, int]]] = {}
         self.host_free: dict[int, list[tuple[int, int]]] = {}
         self.swap_ins: dict[int, list[_Out]] = {}
+        self.recomputes: dict[int, list[_Out]] = {}
+        self.extended: list[int] = []  # steps to which a chain's input now lives
+        self._recomputed: list[str] = []
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
@@ -102,12 +113,63 @@ class _Lowering:
             self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
         return at
 
+    def add_recompute(self, graph: Graph, rc: Recompute) -> None:
+        """Free the original after its kept readers; re-run the chain after the trigger."""
+        pos = self.base.order.position
+        t = self._recomputed_id(graph, rc)
+        self._recomputed.append(rc.tensor)
+        tensor = graph.tensors[rc.tensor]
+        kept = [pos[c] for c in tensor.consumers if c not in rc.consumers]
+        self.last[t] = max([pos[tensor.producer], *kept])
+        at = pos[rc.trigger]
+        if any(pos[c] <= at for c in rc.consumers):
+            raise InvalidPlan(f"recompute of {rc.tensor!r} is triggered after one of its readers")
+        made: dict[str, int] = {}  # original tensor -> its recomputed copy's id
+        chain: list[_Out] = []
+        for op_name in rc.ops:
+            op = graph.ops[op_name]
+            for name in op.inputs:
+                if name not in made and name in self.base.tid:
+                    i = self.base.tid[name]
+                    self.last[i] = max(self.last[i], at)  # the chain reads it at `at`
+                    self.extended.append(self.last[i])
+            for name in op.outputs:
+                j = self.base.tid.get(name)
+                if j is None or not self.alloc[j]:
+                    continue
+                made[name] = len(self.names)
+                self.names.append(f"{name}@re")
+                self.alloc.append(self.alloc[j])
+                self.last.append(at)
+                chain.append((made[name], self.alloc[j], -1, ()))
+        if rc.tensor not in made:
+            raise InvalidPlan(f"recompute of {rc.tensor!r}: its ops do not produce it")
+        sid = made[rc.tensor]
+        self.last[sid] = max(pos[c] for c in rc.consumers)
+        self.recomputes.setdefault(at, []).extend(chain)
+        for c in rc.consumers:
+            self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
+
+    def _recomputed_id(self, graph: Graph, rc: Recompute) -> int:
+        tensor = graph.tensors.get(rc.tensor)
+        if tensor is None or rc.tensor not in self.base.tid:
+            raise InvalidPlan(f"plan recomputes tensor {rc.tensor!r}, which is not in the graph")
+        if not tensor.kind.on_device or rc.tensor in graph.outputs:
+            raise InvalidPlan(f"tensor {rc.tensor!r} is not a transient tensor of the step")
+        missing = [o for o in (*rc.ops, rc.trigger) if o not in graph.ops]
+        if missing:
+            raise InvalidPlan(f"recompute of {rc.tensor!r} names ops missing from the graph")
+        if set(rc.consumers).difference(tensor.consumers):
+            raise InvalidPlan(f"recompute of {rc.tensor!r} reroutes ops that do not read it")
+        return self.base.tid[rc.tensor]
+
     def program(self) -> Program:
         # the walk visits the steps where the plan moved a swapped tensor's last use, where a
         # swapped-in copy (appended after the base's tensors) is last read, and its swap steps
         moved = [self.last[t] for outs in self.host_out.values() for t, _ in outs]
+        moved += [self.last[self.base.tid[n]] for n in self._recomputed]
         added = self.last[len(self.base.last_use) :]
-        planned = [*self.host_out, *self.host_free, *self.swap_ins]
+        planned = [*self.host_out, *self.host_free, *self.swap_ins, *self.recomputes]
         return dataclasses.replace(
             self.base,
             steps=self.steps,
@@ -117,7 +179,8 @@ class _Lowering:
             host_out=self.host_out,
             host_free=self.host_free,
             swap_ins=self.swap_ins,
-            visits=added_visits(self.base.visits, [*moved, *added, *planned]),
+            recomputes=self.recomputes,
+            visits=added_visits(self.base.visits, [*moved, *added, *planned, *self.extended]),
         )
 
 

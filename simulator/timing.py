@@ -4,7 +4,8 @@ Ops run one after another in the schedule, each taking its cost. A swap-out is q
 device→host stream when its producer ends; a swap-in is queued on the host→device stream when
 its trigger ends (and not before its swap-out finished); an op that reads a swapped-in copy waits
 for that copy to arrive, and the wait is a stall. Under a synchronized swap-out, the tensor's
-other readers wait for the swap-out to finish. Transfers overlap compute.
+other readers wait for the swap-out to finish. Transfers overlap compute. Ops a plan re-runs
+(`Recompute`) run on the compute stream right after their trigger, taking their own cost again.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ class TimeResult:
     stalls: dict[int, float]
     transfer_rows: list[tuple[str, str, int, float, float]] = field(default_factory=list)
     released: dict[str, int] = field(default_factory=dict)
+    #: per trigger step, the seconds of the ops the plan re-runs after it
+    recomputed: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def recompute_seconds(self) -> float:
+        """Compute time spent re-running ops, per step."""
+        return sum(self.recomputed.values())
 
     @property
     def transfers(self) -> list[Transfer]:
@@ -100,11 +108,12 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
     """Walk only the steps where a swap happens; between them ops run back to back, so each
     step's end is its stall-free end shifted by the stalls before it."""
     outs, ins, waits = _swap_steps(graph, timeline.order, plan)
+    extra = _recompute_steps(timeline, plan)
     streams = _Streams(link)
     cost, base_end = timeline.cost, timeline.base_end
     shift, stalls = 0.0, {}
     marks: list[tuple[int, float]] = [(-1, 0.0)]  # (step, shift from that step on)
-    for p in sorted({*outs, *ins, *waits}):
+    for p in sorted({*outs, *ins, *waits, *extra}):
         start = base_end[p] - cost[p] + shift
         ready = max((streams.arrived[w] for w in waits.get(p, ())), default=start)
         if ready > start:
@@ -116,12 +125,25 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
             streams.swap_out(tensor, nbytes, now)
         for tensor, k, nbytes in ins.get(p, ()):
             streams.swap_in(tensor, k, nbytes, now)
+        if extra.get(p) and p + 1 < len(base_end):  # the re-run ops delay the next op
+            shift += extra[p]
+            marks.append((p + 1, shift))
     firsts = [base_end[max(step, 0)] + shift for step, shift in marks] if base_end else []
     released = {
         t: _first_end_after(done, base_end, marks, firsts) for t, done in streams.out_done.items()
     }
     total = timeline.baseline_seconds + shift
-    return TimeResult(timeline, total, stalls, streams.transfers, released)
+    return TimeResult(timeline, total, stalls, streams.transfers, released, extra)
+
+
+def _recompute_steps(timeline: Timeline, plan: SwapPlan) -> dict[int, float]:
+    """Per trigger step, the cost of the ops the plan re-runs after it (their own cost)."""
+    pos = timeline.order.position
+    out: dict[int, float] = {}
+    for rc in plan.recomputes:
+        at = pos[rc.trigger]
+        out[at] = out.get(at, 0.0) + sum(timeline.cost[pos[o]] for o in rc.ops)
+    return out
 
 
 _Steps = tuple[

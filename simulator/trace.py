@@ -20,6 +20,7 @@ class EventKind(IntEnum):
     SWAP_IN = 3
     STALL = 4
     HOST_FREE = 5
+    RECOMPUTE = 6
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ class Event:
     host_bytes: int = 0
 
 
-#: Event kinds that take device memory: a new tensor, or a swapped-in copy.
-DEVICE_ALLOCS = frozenset({int(EventKind.ALLOC), int(EventKind.SWAP_IN)})
+#: Event kinds that take device memory: a new tensor, a swapped-in or a recomputed copy.
+DEVICE_ALLOCS = frozenset(map(int, (EventKind.ALLOC, EventKind.SWAP_IN, EventKind.RECOMPUTE)))
 Row = tuple[int, int, int, int, int, int]  # kind, step, tensor id, bytes, device live, host live
 
 

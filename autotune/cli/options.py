@@ -6,7 +6,7 @@ import argparse
 
 from autotune.units import parse_size
 from simulator import PRESETS, DevicePreset, get_preset
-from simulator.derive import TRIGGER_STRATEGIES, PlanParams
+from simulator.derive import RECOMPUTE_MODES, TRIGGER_STRATEGIES, PlanParams
 from simulator.errors import UserError
 
 __all__ = [
@@ -34,6 +34,8 @@ _PLAN_FLAGS = (
     "exclude_types",
     "include_scopes",
     "exclude_scopes",
+    "recompute",
+    "recompute_ops",
 )
 
 
@@ -92,6 +94,15 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="add order edges that keep the backward pass from holding large tensors at once",
+    )
+    g.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_MODES,
+        help="none: swap only; cheap: make every tensor a short chain of cheap element-wise "
+        "ops can make from tensors held anyway again in the backward pass, swap the rest",
+    )
+    g.add_argument(
+        "--recompute-ops", type=_int_at_least(1), help="ops a recompute may re-run (default 2)"
     )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")

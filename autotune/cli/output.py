@@ -47,9 +47,15 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     if sim.order_peaks:
         low, high = format_bytes(sim.order_peaks[0]), format_bytes(sim.order_peaks[-1])
         print(f"  orders     median of {len(sim.order_peaks)} executor orders: {low} to {high}")
-    if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0:
+    recomputes = sim.plan.recomputes
+    if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0 or recomputes:
         print(f"  no swap    {_sized(sim.baseline.peak_bytes)}")
         print(f"  swapped    {sim.swapped_tensors} tensors, {_sized(sim.plan.swapped_bytes)}")
+        if recomputes:
+            added = sim.recompute_seconds
+            rerun = f", {added * 1e3:.2f} ms re-run per step" if added is not None else ""
+            made = _sized(sim.plan.recomputed_bytes)
+            print(f"  recomputed {len(recomputes)} tensors, {made}{rerun}")
         print(f"peak host    {_sized(r.host_peak_bytes)}")
     _print_order_edges(sim.plan.order_edges)
     print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
@@ -74,9 +80,11 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
 
 def print_verification(v: Any) -> None:
     """The measured peaks and step times of a verification next to the prediction."""
+    made = f", recomputed {len(v.plan.recomputes)}" if v.plan.recomputes else ""
+    added = "ops added" if v.plan.recomputes else "swap ops"
     print(
-        f"swapped      {len(v.plan.swaps)} tensors; {len(v.executed)} of {v.swap_ops} swap ops "
-        "ran (read from the executed graphs)"
+        f"swapped      {len(v.plan.swaps)} tensors{made}; {len(v.executed)} of {v.swap_ops} "
+        f"{added} ran (read from the executed graphs)"
     )
     if v.gating is not None:
         print(f"gating       {v.gating.summary()}")

@@ -21,6 +21,7 @@ def training_graphs(draw: st.DrawFn) -> Graph:
             f"f{i}",
             ins,
             draw(st.integers(1, 1 << 16)),
+            type=draw(st.sampled_from(["Op", "Relu", "Mul"])),  # the last two recomputable
             inplace=(0,) if draw(st.booleans()) else (),
         )
     grad = add(g, "gradient_tape/seed", [fwd[-1]], 256)
@@ -35,13 +36,17 @@ def training_graphs(draw: st.DrawFn) -> Graph:
 
 
 params = st.builds(
-    lambda n, lb, span, thr, grp, trig: PlanParams(n, lb, lb + span, thr, grp, trig),
+    lambda n, lb, span, thr, grp, trig, rc, ops: PlanParams(
+        n, lb, lb + span, thr, grp, trig, recompute=rc, recompute_ops=ops
+    ),
     st.integers(-1, 6),
     st.integers(1, 4),
     st.integers(0, 6),
     st.integers(1, 3),
     st.integers(0, 3),
     st.sampled_from(["direct_order", "chain_rule"]),
+    st.sampled_from(["none", "cheap"]),
+    st.integers(1, 3),
 )
 
 
@@ -50,7 +55,8 @@ def _check_trace(result) -> None:  # type: ignore[no-untyped-def]
     assert all(live >= 0 and host >= 0 for _, _, _, _, live, host in rows)
     if rows:
         assert rows[-1][4] == result.memory.persistent_bytes and rows[-1][5] == 0
-    allocs = Counter(t for k, _, t, *_ in rows if k in (EventKind.ALLOC, EventKind.SWAP_IN))
+    made = (EventKind.ALLOC, EventKind.SWAP_IN, EventKind.RECOMPUTE)
+    allocs = Counter(t for k, _, t, *_ in rows if k in made)
     frees = Counter(t for k, _, t, *_ in rows if k == EventKind.FREE)
     assert allocs == frees and set(allocs.values()) <= {1}
     outs = Counter(t for k, _, t, *_ in rows if k == EventKind.SWAP_OUT)
@@ -63,8 +69,14 @@ def _check_trace(result) -> None:  # type: ignore[no-untyped-def]
 def test_random_plans_are_valid_and_balance(g: Graph, p: PlanParams) -> None:
     ctx = PlanContext.build(g)
     plan = derive_plan(ctx, p)
-    check_plan(g, ctx.order, plan)  # no cycle, no shape-only op involved
+    check_plan(g, ctx.order, plan)  # no cycle, no shape-only op involved, pure recomputes
     pos = ctx.order.position
+    swapped = {s.tensor for s in plan.swaps}
+    for rc in plan.recomputes:
+        made = {t for o in rc.ops for t in g.ops[o].outputs}
+        read = {t for o in rc.ops for t in g.ops[o].inputs} - made
+        assert not read & swapped and rc.tensor not in swapped
+        assert len(rc.ops) <= p.recompute_ops
     for swap in plan.swaps:
         for s in swap.swap_ins:
             assert all(pos[c] > pos[s.trigger] for c in s.consumers)

@@ -1,0 +1,77 @@
+"""Recompute in the real graph: copies of the ops that wait for their trigger, kept by
+Grappler, training bitwise like the original, simulated as planned."""
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from autotune.api import capture  # noqa: E402
+from autotune.run.gating import executed_partitions  # noqa: E402
+from autotune.run.measure import example_tensors  # noqa: E402
+from autotune.zoo import get_entry  # noqa: E402
+from rewriter.apply import apply_plan  # noqa: E402
+from simulator import compile_program, simulate_memory, simulate_plan  # noqa: E402
+from simulator.derive import PlanParams  # noqa: E402
+from simulator.engine import Engine  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+GPT2 = {"layers_": 2, "heads": 2, "width": 16, "vocab": 50, "context": 16}
+CASES = {"tiny-transformer": ({}, 4), "gpt2-small": (GPT2, 2)}
+
+
+def _captured(model: str):  # type: ignore[no-untyped-def]
+    sizes, batch = CASES[model]
+    built = get_entry(model).build(seed=3, **sizes)
+    return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch)
+
+
+def _plan(cap, **params):  # type: ignore[no-untyped-def]
+    engine = Engine.build(cap.graph)
+    return engine.evaluate(PlanParams(recompute="cheap", **params), timed=False).plan
+
+
+@pytest.mark.parametrize("mode", ["emulated", "device"])
+@pytest.mark.parametrize("n_tensors", [0, -1])
+@pytest.mark.parametrize("model", list(CASES))
+def test_recompute_plans_train_bitwise_like_the_original(
+    model: str, n_tensors: int, mode: str
+) -> None:
+    (a, cap_a), (b, cap_b) = _captured(model), _captured(model)
+    plan = _plan(cap_b, n_tensors=n_tensors)
+    assert plan.recomputes and bool(plan.swaps) == (n_tensors != 0)
+    devices = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
+    tuned = apply_plan(cap_b, plan, mode=mode, **(devices if mode == "device" else {}))
+    inputs = example_tensors(cap_a.specs, seed=7)
+    assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
+    state_a = [*a.model.weights, *a.optimizer.variables]
+    state_b = [*b.model.weights, *b.optimizer.variables]
+    for va, vb in zip(state_a, state_b, strict=True):
+        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+
+
+@pytest.mark.parametrize("model", list(CASES))
+def test_the_copies_survive_grappler_and_wait_for_their_triggers(model: str) -> None:
+    _, cap = _captured(model)
+    plan = _plan(cap, n_tensors=0)
+    tuned = apply_plan(cap, plan)
+    parts = executed_partitions(tuned, *example_tensors(cap.specs))
+    executed = {n.name: n for pg in parts for n in pg.node}
+    for k, rc in enumerate(plan.recomputes):
+        for op in rc.ops:
+            node = executed[f"recompute/{k}/{op}"]  # neither removed nor merged back
+            # it waits on its trigger (by name, or on what the optimizer made of it)
+            assert any(i.startswith("^") for i in node.input), node
+
+
+@pytest.mark.parametrize("model", list(CASES))
+def test_the_recaptured_pinned_rewrite_simulates_exactly_like_the_plan(model: str) -> None:
+    _, cap = _captured(model)
+    plan = _plan(cap, recompute_ops=1)
+    tuned = apply_plan(cap, plan, pin_order=True)
+    planned = simulate_plan(compile_program(cap.graph), cap.graph, plan).memory
+    again = simulate_memory(compile_program(tuned.recapture()))
+    assert again.peak_bytes == planned.peak_bytes
+    names = set(tuned.recapture().ops)
+    assert all(f"recompute/{k}/{rc.ops[-1]}" in names for k, rc in enumerate(plan.recomputes))

@@ -1,0 +1,126 @@
+"""Recompute: a tensor freed after its forward readers and made again for the backward pass."""
+
+import pytest
+
+from simulator import (
+    EventKind,
+    Graph,
+    InvalidPlan,
+    Link,
+    Recompute,
+    Swap,
+    SwapIn,
+    SwapPlan,
+    TensorKind,
+    Timeline,
+    compile_program,
+    simulate_plan,
+)
+from simulator.derive import PlanContext, PlanParams, check_plan, derive_plan
+from simulator.opsemantics import RECOMPUTABLE
+from tests.simulator.builders import add
+
+MIB = 1 << 20
+
+
+def _block() -> Graph:
+    """x -> a (big, read again late in the backward pass) -> r = Relu(a) -> f; the loss
+    gradient (6 MiB) is made between r's forward and backward readers; the backward reads r
+    first (b1), then a (b3): r's copy can be made from a, which is held anyway."""
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4 * MIB, type="Conv2D")
+    r = add(g, "relu", a, 4 * MIB, type="Relu")
+    f = add(g, "f", r, 256)
+    seed = add(g, "gradient_tape/seed", f, 6 * MIB)
+    b0 = add(g, "gradient_tape/b0", seed, 2 * MIB)
+    b1 = add(g, "gradient_tape/b1", b0 + r, 256)
+    b2 = add(g, "gradient_tape/b2", b1, 256)
+    b3 = add(g, "gradient_tape/b3", b2 + a, 256)
+    g.mark_outputs(b3)
+    return g
+
+
+def _plan() -> SwapPlan:
+    rc = Recompute("relu:0", 4 * MIB, ("relu",), "gradient_tape/b0", ("gradient_tape/b1",))
+    return SwapPlan(recomputes=(rc,))
+
+
+def test_a_recompute_frees_its_tensor_through_the_forward_gap() -> None:
+    g = _block()
+    program = compile_program(g)
+    plain = simulate_plan(program, g, SwapPlan()).memory
+    planned = simulate_plan(program, g, _plan()).memory
+    # without: a, relu, seed and b0 live at b0; with: relu is made again once seed is gone
+    assert plain.live_peak_bytes - planned.live_peak_bytes == 4 * MIB
+    made = [e for e in planned.trace if e.kind is EventKind.RECOMPUTE]
+    assert [(e.tensor, e.step, e.nbytes) for e in made] == [
+        ("relu:0@re", program.order.position["gradient_tape/b0"], 4 * MIB)
+    ]
+    freed = {e.tensor: e.step for e in planned.trace if e.kind is EventKind.FREE}
+    assert freed["relu:0"] == program.order.position["f"]
+    assert freed["relu:0@re"] == program.order.position["gradient_tape/b1"]
+
+
+def test_the_time_model_adds_the_rerun_ops_cost_once() -> None:
+    g = _block()
+    order = PlanContext.build(g).order
+    cost = {n: 1.0 for n in g.ops}
+    cost["relu"] = 0.25
+    timeline = Timeline.build(order, cost)
+    r = simulate_plan(compile_program(g), g, _plan(), timeline=timeline, link=Link(1e9, 1e9))
+    assert r.time is not None
+    assert r.time.recompute_seconds == 0.25
+    assert r.time.step_seconds == timeline.baseline_seconds + 0.25
+
+
+def test_a_chain_frees_its_intermediates_once_it_has_run() -> None:
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, MIB, type="Conv2D")
+    m = add(g, "mul", a, MIB, type="Mul")
+    r = add(g, "relu", m, MIB, type="Relu")
+    seed = add(g, "gradient_tape/seed", r, 256)
+    b0 = add(g, "gradient_tape/b0", seed, 256)
+    b1 = add(g, "gradient_tape/b1", b0 + r + a, 256)
+    g.mark_outputs(b1)
+    rc = Recompute("relu:0", MIB, ("mul", "relu"), "gradient_tape/b0", ("gradient_tape/b1",))
+    r_ = simulate_plan(compile_program(g), g, SwapPlan(recomputes=(rc,))).memory
+    rows = [(e.kind, e.tensor) for e in r_.trace if e.step == r_.order.position["gradient_tape/b0"]]
+    assert (EventKind.RECOMPUTE, "mul:0@re") in rows and (EventKind.FREE, "mul:0@re") in rows
+    assert (EventKind.RECOMPUTE, "relu:0@re") in rows and (EventKind.FREE, "relu:0@re") not in rows
+
+
+def test_plans_round_trip_with_their_recomputes() -> None:
+    plan = _plan()
+    again = SwapPlan.from_dict(plan.to_dict())
+    assert again == plan and again.recomputed_bytes == 4 * MIB
+
+
+def test_a_tensor_is_not_swapped_and_recomputed() -> None:
+    g = _block()
+    swap = Swap("relu:0", 4 * MIB, (SwapIn("gradient_tape/b0", ("gradient_tape/b1",)),))
+    with pytest.raises(InvalidPlan, match="both swapped and recomputed"):
+        simulate_plan(compile_program(g), g, SwapPlan((swap,), recomputes=_plan().recomputes))
+
+
+def test_random_and_stateful_ops_are_never_rerun() -> None:
+    g = _block()
+    g.ops["relu"].type = "RandomUniform"
+    ctx = PlanContext.build(g)
+    with pytest.raises(InvalidPlan, match="not pure and cheap: relu \\(RandomUniform\\)"):
+        check_plan(g, ctx.order, _plan())
+    assert not derive_plan(ctx, PlanParams(recompute="cheap")).recomputes
+    assert not {"RandomUniform", "StatelessRandomUniformV2", "ReadVariableOp"} & RECOMPUTABLE
+
+
+def test_cheap_recomputes_what_a_held_tensor_can_make_and_swaps_the_rest() -> None:
+    g = _block()
+    ctx = PlanContext.build(g)
+    plan = derive_plan(ctx, PlanParams(recompute="cheap"))
+    assert [(r.tensor, r.ops) for r in plan.recomputes] == [("relu:0", ("relu",))]
+    assert "relu:0" not in {s.tensor for s in plan.swaps}
+    assert "a:0" not in {s.tensor for s in plan.swaps}  # the chain reads it: kept
+    check_plan(g, ctx.order, plan)
+    none = derive_plan(ctx, PlanParams(recompute="none"))
+    assert not none.recomputes and {s.tensor for s in none.swaps} == {"a:0", "relu:0"}
