@@ -352,7 +352,8 @@ _AFTER_THE_OP = frozenset(
 )
 # what a variable write does to the allocator, at a row of the trace (see `_move_actions`)
 _RELEASE_OLD, _ADOPT, _COPY = 0, 1, 2
-# (row index, order at that row, action, held variable, buffer, whether the old one waits)
+# (row index, order at that row, action, held variable, buffer, whether the old one waits); the
+# order is the step the action belongs to, then a release before a write of the same step
 _Action = tuple[int, int, int, int, int, bool]
 
 
@@ -360,7 +361,10 @@ def _move_actions(rows: Sequence[Row], moves: Sequence[Move]) -> list[_Action]:
     """Where each variable write acts in the trace's rows, in row order: an adoption in place
     of the row that frees its value's buffer (the row is skipped), a copy while its op runs
     (before the frees of its step), and the release of old buffers a pending read held, after
-    the rows of the step that last consumes it (before the actions of later steps there)."""
+    the rows of the step that last consumes it (before the actions of later steps there). A
+    step without rows shares its index with the next step that has some: actions at one index
+    run in the order of their steps, so a copy is made before the release of a later step
+    frees its old buffer."""
     actions: list[_Action] = []
     step = operator.itemgetter(1)
     for move in moves:
@@ -370,12 +374,13 @@ def _move_actions(rows: Sequence[Row], moves: Sequence[Move]) -> list[_Action]:
         waits = move.release >= 0
         adopted = [i for i in after if rows[i][0] == _FREE and rows[i][2] == move.buffer]
         if adopted:  # (a buffer of -1 frees no row)
-            actions.append((adopted[0], 1, _ADOPT, move.held, move.buffer, waits))
+            actions.append((adopted[0], 2 * move.step + 1, _ADOPT, move.held, move.buffer, waits))
         elif waits:
-            actions.append((after[0] if after else hi, 1, _COPY, move.held, -1, True))
+            at = after[0] if after else hi
+            actions.append((at, 2 * move.step + 1, _COPY, move.held, -1, True))
         if waits:
             end = bisect_right(rows, move.release, key=step)
-            actions.append((end, 0, _RELEASE_OLD, move.held, -1, False))
+            actions.append((end, 2 * move.release, _RELEASE_OLD, move.held, -1, False))
     actions.sort(key=lambda a: a[:2])
     return actions
 
