@@ -151,9 +151,10 @@ def apply_plan(
             out, fed = import_step(cf, graph_def, inputs)
         for before, later in plan.order_edges:
             _wait(g.get_operation_by_name(later), g.get_operation_by_name(before))
-        after = _insert_swaps(g, plan, mode, host_device)
+        copies: dict[tuple[str, int], Any] = {}
+        after = _insert_swaps(g, plan, mode, host_device, copies)
         with _on(compute_device if mode == "device" else None):
-            for trigger, ops in _insert_recomputes(g, plan).items():
+            for trigger, ops in _insert_recomputes(g, plan, copies).items():
                 after.setdefault(trigger, []).extend(ops)
         names.extend(op.name for ops in after.values() for op in ops)
         triggers.update(_triggers(after))
@@ -212,9 +213,12 @@ def _triggers(after: dict[str, list[Any]]) -> dict[str, str]:
     }
 
 
-def _insert_swaps(g: Any, plan: SwapPlan, mode: str, host_device: str) -> dict[str, list[Any]]:
+def _insert_swaps(
+    g: Any, plan: SwapPlan, mode: str, host_device: str, copies: dict[tuple[str, int], Any]
+) -> dict[str, list[Any]]:
     """Add the swap ops of `plan` to the imported graph `g` and reroute the readers; return
-    the swap ops by the op they follow (a swap-out its producer, a swap-in its trigger)."""
+    the swap ops by the op they follow (a swap-out its producer, a swap-in its trigger), and
+    put each swap-in's output in `copies` by (tensor, k)."""
     import tensorflow as tf
 
     after: dict[str, list[Any]] = {}
@@ -235,21 +239,25 @@ def _insert_swaps(g: Any, plan: SwapPlan, mode: str, host_device: str) -> dict[s
             with _on(host_device if mode == "device" else None), tf.control_dependencies([trigger]):
                 back = _swap_in(stored, tensor, mode, f"swap_in/{base}/{k}")
             after.setdefault(trigger.name, []).append(_keep(back))
+            copies[(swap.tensor, k)] = back
             for reader in swap_in.consumers:
                 _reroute(g.get_operation_by_name(reader), tensor, back)
     return after
 
 
-def _insert_recomputes(g: Any, plan: SwapPlan) -> dict[str, list[Any]]:
+def _insert_recomputes(
+    g: Any, plan: SwapPlan, copies: dict[tuple[str, int], Any]
+) -> dict[str, list[Any]]:
     """Add a copy of each recompute's ops (named `recompute/...`) that waits for its trigger,
-    reading the original tensors except where the chain makes its own, and reroute the
-    backward readers to the copy; return the copies by trigger. The copies carry the keep
+    reading the original tensors except where the chain makes its own or reads a swap-in
+    (`copies`, by the recompute's sources), and reroute the backward readers to the copy;
+    return the copies by trigger. The copies carry the keep
     attribute and a control input the originals lack, so Grappler neither removes them nor
     merges them back into the originals."""
     after: dict[str, list[Any]] = {}
     for k, rc in enumerate(plan.recomputes):
         trigger = g.get_operation_by_name(rc.trigger)
-        made: dict[str, Any] = {}
+        made: dict[str, Any] = {name: copies[(name, k)] for name, k in rc.sources}
         for name in rc.ops:
             original = g.get_operation_by_name(name)
             inputs = [made.get(t.name, t) for t in original.inputs]

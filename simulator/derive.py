@@ -11,7 +11,8 @@ ops are never rerouted and never triggers.
 With `recompute="cheap"` (ours), every candidate made by a cheap element-wise op
 (`opsemantics.RECOMPUTABLE`) is recomputed instead, when a chain of at most `recompute_ops`
 such ops makes it again from tensors the step holds anyway just before its first backward
-reader; those tensors are then never swapped, and the rest are swapped as above.
+reader; the rest are swapped as above. A chain input that is swapped is read from its first
+swap-in, which is then triggered no later than the recompute.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ __all__ = [
 BACKWARD_SCOPES = ("gradient_tape/", "gradients/")
 TRIGGER_STRATEGIES = ("direct_order", "chain_rule")
 RECOMPUTE_MODES = ("none", "cheap")
+#: a tensor is recomputed only if it has at least 1/RECOMPUTE_SMALLEST of the largest
+#: candidate's bytes: smaller ones save little, and recomputed, their originals die early, so
+#: that chains for the large ones could not read them (a batch norm's scale, say)
+RECOMPUTE_SMALLEST = 64
 _NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
 
@@ -63,7 +68,7 @@ class PlanParams:
     include_scopes: tuple[str, ...] = ()
     exclude_scopes: tuple[str, ...] = ()
     recompute: str = "none"
-    recompute_ops: int = 2
+    recompute_ops: int = 5  # a batch norm's application and its activation
 
     def __post_init__(self) -> None:
         if self.n_tensors < -1:
@@ -179,31 +184,60 @@ def _in_scopes(name: str, scopes: tuple[str, ...]) -> bool:
 
 def derive_plan(ctx: PlanContext, params: PlanParams) -> SwapPlan:
     """The plan `params` gives on the graph of `ctx`: recomputes first, then swaps."""
-    recomputes, held = _recomputes(ctx, params)
+    recomputes, _ = _recomputes(ctx, params)
     made = {r.tensor for r in recomputes}
     swaps: list[Swap] = []
     for cand in ctx.candidates:
         if params.n_tensors != -1 and len(swaps) >= params.n_tensors:
             break
-        if cand.tensor in made or cand.tensor in held or not _selected(ctx, cand, params):
+        if cand.tensor in made or not _selected(ctx, cand, params):
             continue
         swap = _swap(ctx, cand, params)
         if swap is not None:
             swaps.append(swap)
+    if recomputes:
+        recomputes = _from_swap_ins(ctx, swaps, recomputes)
     plan = SwapPlan(tuple(swaps), params.to_dict(), ctx.graph.name)
     return replace(plan, recomputes=tuple(recomputes)) if recomputes else plan
 
 
+def _from_swap_ins(
+    ctx: PlanContext, swaps: list[Swap], recomputes: list[Recompute]
+) -> list[Recompute]:
+    """Recomputes whose chains read swapped tensors from their first swap-in, brought forward
+    to the recompute's trigger where it came later (`swaps` edited in place): the tensor then
+    crosses the link once, and the recompute's output not at all."""
+    pos = ctx.order.position
+    index = {s.tensor: i for i, s in enumerate(swaps)}
+    out = []
+    for rc in recomputes:
+        made = {t for o in rc.ops for t in ctx.graph.ops[o].outputs}
+        reads = {t for o in rc.ops for t in ctx.graph.ops[o].inputs} - made
+        sources = []
+        for name in sorted(reads & index.keys()):
+            swap = swaps[index[name]]
+            first = swap.swap_ins[0]
+            if pos[first.trigger] > pos[rc.trigger]:
+                early = SwapIn(rc.trigger, first.consumers)
+                swaps[index[name]] = replace(swap, swap_ins=(early, *swap.swap_ins[1:]))
+            sources.append((name, 0))
+        out.append(replace(rc, sources=tuple(sources)) if sources else rc)
+    return out
+
+
 def _recomputes(ctx: PlanContext, params: PlanParams) -> tuple[list[Recompute], set[str]]:
     """With `recompute="cheap"`, a recompute for every candidate a chain of cheap ops can make
-    again (see the module's docstring), and the tensors those chains read (kept on device)."""
+    again (see the module's docstring), and the tensors those chains read (kept on the device,
+    or read from a swap-in, `_from_swap_ins`)."""
     out: list[Recompute] = []
     held: set[str] = set()
-    if params.recompute == "none":
+    if params.recompute == "none" or not ctx.candidates:
         return out, held
+    sizes = {c.tensor: ctx.graph.tensors[c.tensor].nbytes for c in ctx.candidates}
+    floor = max(sizes.values()) // RECOMPUTE_SMALLEST
     for cand in ctx.candidates:
-        if cand.tensor in held:
-            continue  # a chain made earlier reads it where it is
+        if cand.tensor in held or sizes[cand.tensor] < floor:
+            continue  # read where it is by a chain made earlier, or too small to matter
         found = _recompute(ctx, cand, params, {r.tensor for r in out})
         if found is not None:
             out.append(found[0])
@@ -248,7 +282,8 @@ def _chain(
     for name in dict.fromkeys(op.inputs):
         t = graph.tensors[name]
         live = ctx.last_read[name] >= at and name not in recomputed
-        if not t.kind.on_device or live:
+        held = not graph.tensors[graph.buffer_root(name)].kind.on_device  # a variable's, say
+        if not t.kind.on_device or held or live:
             reads.add(name)
             continue
         if budget <= 1 + len(ops) or t.producer in ctx.backward:

@@ -51,13 +51,16 @@ class Recompute:
     """Free `tensor` after its last reader outside `consumers` and make it again, once op
     `trigger` has run, by re-running `ops` (in order; the last produces `tensor`) for the
     backward `consumers`. Every input of `ops` not made by `ops` itself is read from the
-    tensors the step holds then; the copies' intermediate outputs die within the chain."""
+    tensors the step holds then, or, for a swapped input named in `sources` as (tensor,
+    k), from the swap-in k of its `Swap`, triggered no later than `trigger`; the copies'
+    intermediate outputs die within the chain."""
 
     tensor: str
     nbytes: int
     ops: tuple[str, ...]
     trigger: str
     consumers: tuple[str, ...]
+    sources: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class SwapPlan:
                     "ops": list(r.ops),
                     "trigger": r.trigger,
                     "consumers": list(r.consumers),
+                    "sources": [list(x) for x in r.sources],
                 }
                 for r in self.recomputes
             ],
@@ -129,7 +133,12 @@ class SwapPlan:
         edges = tuple((str(a), str(b)) for a, b in data.get("order_edges", []))
         recomputes = tuple(
             Recompute(
-                r["tensor"], int(r["nbytes"]), tuple(r["ops"]), r["trigger"], tuple(r["consumers"])
+                r["tensor"],
+                int(r["nbytes"]),
+                tuple(r["ops"]),
+                r["trigger"],
+                tuple(r["consumers"]),
+                tuple((str(t), int(k)) for t, k in r.get("sources", [])),
             )
             for r in data.get("recomputes", [])
         )

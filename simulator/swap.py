@@ -56,6 +56,8 @@ class _Lowering:
         self.recomputes: dict[int, list[_Out]] = {}
         self.extended: list[int] = []  # steps to which a chain's input now lives
         self._recomputed: list[str] = []
+        #: (swapped tensor, k) -> the id of swap-in k's copy and the step it is placed at
+        self.copies: dict[tuple[str, int], tuple[int, int]] = {}
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
@@ -105,6 +107,7 @@ class _Lowering:
                     f"host: its swap-in is triggered by {trigger!r} at step {at}"
                 )
         sid = len(self.names)
+        self.copies[(swap.tensor, k)] = (sid, at)
         self.names.append(f"{swap.tensor}@in{k}")
         self.alloc.append(self.alloc[t])
         self.last.append(max(pos[c] for c in consumers))
@@ -125,12 +128,13 @@ class _Lowering:
         if any(pos[c] <= at for c in rc.consumers):
             raise InvalidPlan(f"recompute of {rc.tensor!r} is triggered after one of its readers")
         made: dict[str, int] = {}  # original tensor -> its recomputed copy's id
+        sources = self._sources(rc, at)
         chain: list[_Out] = []
         for op_name in rc.ops:
             op = graph.ops[op_name]
             for name in op.inputs:
                 if name not in made and name in self.base.tid:
-                    i = self.base.tid[name]
+                    i = sources.get(name, self.base.tid[name])
                     self.last[i] = max(self.last[i], at)  # the chain reads it at `at`
                     self.extended.append(self.last[i])
             for name in op.outputs:
@@ -149,6 +153,24 @@ class _Lowering:
         self.recomputes.setdefault(at, []).extend(chain)
         for c in rc.consumers:
             self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
+
+    def _sources(self, rc: Recompute, at: int) -> dict[str, int]:
+        """The swapped-in copies a chain reads, by the tensor they copy, checked to be there
+        when the chain runs after step `at`."""
+        out = {}
+        for name, k in rc.sources:
+            if (name, k) not in self.copies:
+                raise InvalidPlan(
+                    f"recompute of {rc.tensor!r} reads swap-in {k} of {name!r}, "
+                    "which the plan does not have"
+                )
+            sid, placed = self.copies[(name, k)]
+            if placed > at:
+                raise InvalidPlan(
+                    f"recompute of {rc.tensor!r} runs before swap-in {k} of {name!r} that it reads"
+                )
+            out[name] = sid
+        return out
 
     def _recomputed_id(self, graph: Graph, rc: Recompute) -> int:
         tensor = graph.tensors.get(rc.tensor)

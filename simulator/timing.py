@@ -125,24 +125,32 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
             streams.swap_out(tensor, nbytes, now)
         for tensor, k, nbytes in ins.get(p, ()):
             streams.swap_in(tensor, k, nbytes, now)
-        if extra.get(p) and p + 1 < len(base_end):  # the re-run ops delay the next op
-            shift += extra[p]
+        if p in extra and p + 1 < len(base_end):  # the re-run ops delay the next op
+            seconds, sources = extra[p]
+            ready = max((streams.arrived[s] for s in sources), default=now)
+            shift += max(ready - now, 0.0) + seconds  # waiting for swapped-in inputs first
             marks.append((p + 1, shift))
     firsts = [base_end[max(step, 0)] + shift for step, shift in marks] if base_end else []
     released = {
         t: _first_end_after(done, base_end, marks, firsts) for t, done in streams.out_done.items()
     }
     total = timeline.baseline_seconds + shift
-    return TimeResult(timeline, total, stalls, streams.transfers, released, extra)
+    recomputed = {p: seconds for p, (seconds, _) in extra.items()}
+    return TimeResult(timeline, total, stalls, streams.transfers, released, recomputed)
 
 
-def _recompute_steps(timeline: Timeline, plan: SwapPlan) -> dict[int, float]:
-    """Per trigger step, the cost of the ops the plan re-runs after it (their own cost)."""
+def _recompute_steps(
+    timeline: Timeline, plan: SwapPlan
+) -> dict[int, tuple[float, list[tuple[str, int]]]]:
+    """Per trigger step, the cost of the ops the plan re-runs after it (their own cost) and
+    the swap-ins (tensor, k) they read, which must have arrived first."""
     pos = timeline.order.position
-    out: dict[int, float] = {}
+    out: dict[int, tuple[float, list[tuple[str, int]]]] = {}
     for rc in plan.recomputes:
         at = pos[rc.trigger]
-        out[at] = out.get(at, 0.0) + sum(timeline.cost[pos[o]] for o in rc.ops)
+        seconds, sources = out.get(at, (0.0, []))
+        cost = sum(timeline.cost[pos[o]] for o in rc.ops)
+        out[at] = (seconds + cost, [*sources, *rc.sources])
     return out
 
 

@@ -102,7 +102,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         "ops can make from tensors held anyway again in the backward pass, swap the rest",
     )
     g.add_argument(
-        "--recompute-ops", type=_int_at_least(1), help="ops a recompute may re-run (default 2)"
+        "--recompute-ops", type=_int_at_least(1), help="ops a recompute may re-run (default 5)"
     )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")
