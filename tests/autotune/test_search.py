@@ -199,7 +199,7 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
 
 @pytest.mark.tf
 def test_warm_starts_add_the_autotuners_pick_on_the_step_with_order_edges(engine) -> None:  # type: ignore[no-untyped-def]
-    budget = budget_at(engine, 0.3)
+    budget = budget_at(engine, 0.4)
     picked, ordered = warm_starts(engine, budget)
     assert picked == original_autotuner(engine, budget).shown.params
     assert ordered.serialize and not picked.serialize
