@@ -11,6 +11,7 @@ from autotune.zoo import get_entry  # noqa: E402
 from rewriter.apply import apply_plan  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
+from tests.twins import assert_same_state  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -86,9 +87,6 @@ def test_papers_models_train_one_step_bitwise_under_a_swap_plan(model: str) -> N
     tuned = apply_plan(cap_b, plan)
     inputs = example_tensors(cap_a.specs, seed=3)
     assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
-    state_a = [*a.model.weights, *a.optimizer.variables]
-    state_b = [*b.model.weights, *b.optimizer.variables]
-    for va, vb in zip(state_a, state_b, strict=True):
-        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+    assert_same_state(a, b)
     fresh = get_entry(model).build(seed=5, **sizes).model.weights[0]
     assert not np.array_equal(np.asarray(a.model.weights[0]), np.asarray(fresh))

@@ -14,6 +14,7 @@ from rewriter.apply import apply_plan  # noqa: E402
 from simulator import compile_program, simulate_memory, simulate_plan  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
+from tests.twins import assert_same_state  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -62,10 +63,7 @@ def test_recompute_plans_train_bitwise_like_the_original(
     tuned = apply_plan(cap_b, plan, mode=mode, **(devices if mode == "device" else {}))
     inputs = example_tensors(cap_a.specs, seed=7)
     assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
-    state_a = [*a.model.weights, *a.optimizer.variables]
-    state_b = [*b.model.weights, *b.optimizer.variables]
-    for va, vb in zip(state_a, state_b, strict=True):
-        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+    assert_same_state(a, b)
 
 
 def _ancestors(nodes: dict, name: str) -> set[str]:  # type: ignore[type-arg]
