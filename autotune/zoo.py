@@ -138,7 +138,8 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry(
             "unet3d-isensee2017",
             "the TFLMS papers' 3D U-Net (Isensee 2017: depth 5, 16-256 filters, instance "
-            "norm, deep supervision), cube^3 x 4, 3 labels, weighted dice, Adam",
+            "norm, deep supervision), cube^3 x 4, 3 labels, weighted dice, Adam; channels "
+            "last, instance norm as GroupNormalization(groups=-1)",
             models.isensee2017,
             default_cube=128,
             loss=lambda: models.weighted_dice_loss,
