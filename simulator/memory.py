@@ -89,10 +89,10 @@ class Program:
     swap_ins: dict[int, list[_Out]] = field(default_factory=dict)
     #: the variable writes, in step order: TensorFlow moves variables between buffers there
     assignments: tuple[Assignment, ...] = ()
-    #: per step, the outputs of the ops a plan re-runs after the op at that step, in order:
-    #: allocated after the step's frees; those last used at that step (the chain's
-    #: intermediates) are freed once all are placed
-    recomputes: dict[int, list[_Out]] = field(default_factory=dict)
+    #: per step, the buffers of the ops a plan re-runs after the op at that step, in order:
+    #: (buffer id, bytes, +1 placed / -1 freed), after the step's frees and swap-ins; a
+    #: buffer placed there and never freed there lives to its last use
+    recomputes: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
 
 
 def added_visits(visits: list[int], steps: Iterable[int]) -> list[int]:
@@ -323,11 +323,10 @@ class _Walk:
         swapped-in or recomputed copy is always a new buffer."""
         for t, nbytes, _, _ in self.program.swap_ins.get(p, ()):
             self._place(p, t, nbytes, _SWAP_IN)
-        chain = self.program.recomputes.get(p, ())
-        for t, nbytes, _, _ in chain:
-            self._place(p, t, nbytes, _RECOMPUTE)
-        for t, nbytes, _, _ in chain:
-            if self.buf_last[t] == p:  # an intermediate of the chain: dies within it
+        for t, nbytes, sign in self.program.recomputes.get(p, ()):
+            if sign > 0:
+                self._place(p, t, nbytes, _RECOMPUTE)
+            else:  # an intermediate of the chain, after its last reader there
                 self.buf_last[t] = -1
                 self.heap.free(p, t, nbytes)
         self._host_events(p, self.program.host_free.get(p, ()), _HOST_FREE, -1)

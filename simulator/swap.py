@@ -53,7 +53,7 @@ class _Lowering:
         self.host_out: dict[int, list[tuple[int, int]]] = {}
         self.host_free: dict[int, list[tuple[int, int]]] = {}
         self.swap_ins: dict[int, list[_Out]] = {}
-        self.recomputes: dict[int, list[_Out]] = {}
+        self.recomputes: dict[int, list[tuple[int, int, int]]] = {}
         self.extended: list[int] = []  # steps to which a chain's input now lives
         self._recomputed: list[str] = []
         #: (swapped tensor, k) -> the id of swap-in k's copy and the step it is placed at
@@ -127,32 +127,59 @@ class _Lowering:
         at = pos[rc.trigger]
         if any(pos[c] <= at for c in rc.consumers):
             raise InvalidPlan(f"recompute of {rc.tensor!r} is triggered after one of its readers")
-        made: dict[str, int] = {}  # original tensor -> its recomputed copy's id
         sources = self._sources(rc, at)
-        chain: list[_Out] = []
+        inner = _made_by(graph, rc)
         for op_name in rc.ops:
-            op = graph.ops[op_name]
-            for name in op.inputs:
-                if name not in made and name in self.base.tid:
+            for name in graph.ops[op_name].inputs:
+                if name not in inner and name in self.base.tid:
                     i = sources.get(name, self.base.tid[name])
                     self.last[i] = max(self.last[i], at)  # the chain reads it at `at`
                     self.extended.append(self.last[i])
-            for name in op.outputs:
-                j = self.base.tid.get(name)
-                if j is None or not self.alloc[j]:
-                    continue
-                made[name] = len(self.names)
-                self.names.append(f"{name}@re")
-                self.alloc.append(self.alloc[j])
-                self.last.append(at)
-                chain.append((made[name], self.alloc[j], -1, ()))
+        events, made = self._chain_events(graph, rc, at)
         if rc.tensor not in made:
             raise InvalidPlan(f"recompute of {rc.tensor!r}: its ops do not produce it")
         sid = made[rc.tensor]
         self.last[sid] = max(pos[c] for c in rc.consumers)
-        self.recomputes.setdefault(at, []).extend(chain)
+        self.recomputes.setdefault(at, []).extend(events)
         for c in rc.consumers:
             self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
+
+    def _chain_events(
+        self, graph: Graph, rc: Recompute, at: int
+    ) -> tuple[list[tuple[int, int, int]], dict[str, int]]:
+        """The chain's buffers, op by op, as (buffer id, bytes, +1 placed / -1 freed) events,
+        and the buffer of each tensor it makes. An element-wise op writes into an input buffer
+        of its size that the chain made and reads for the last time (as its kernel does); an
+        intermediate's buffer is freed after its last reader in the chain."""
+        last_read = {n: j for j, o in enumerate(rc.ops) for n in graph.ops[o].inputs}
+        events: list[tuple[int, int, int]] = []
+        made: dict[str, int] = {}
+        for j, op_name in enumerate(rc.ops):
+            op = graph.ops[op_name]
+            dying = [n for n in dict.fromkeys(op.inputs) if n in made and last_read[n] == j]
+            for k, name in enumerate(op.outputs):
+                base = self.base.tid.get(name)
+                if base is None or not self.alloc[base]:
+                    continue
+                size = self.alloc[base]
+                reuse = [
+                    op.inputs[i]
+                    for i in (op.inplace if k == 0 else ())
+                    if op.inputs[i] in dying and self.alloc[made[op.inputs[i]]] == size
+                ]
+                if reuse:
+                    made[name] = made[reuse[0]]
+                    dying.remove(reuse[0])
+                    continue
+                made[name] = len(self.names)
+                self.names.append(f"{name}@re")
+                self.alloc.append(size)
+                self.last.append(at)
+                events.append((made[name], size, 1))
+                if name != rc.tensor and name not in last_read:
+                    dying.append(name)  # an output no later op of the chain reads
+            events += [(made[n], self.alloc[made[n]], -1) for n in dying]
+        return events, made
 
     def _sources(self, rc: Recompute, at: int) -> dict[str, int]:
         """The swapped-in copies a chain reads, by the tensor they copy, checked to be there
@@ -204,6 +231,11 @@ class _Lowering:
             recomputes=self.recomputes,
             visits=added_visits(self.base.visits, [*moved, *added, *planned, *self.extended]),
         )
+
+
+def _made_by(graph: Graph, rc: Recompute) -> set[str]:
+    """The tensors a recompute's chain makes."""
+    return {t for o in rc.ops for t in graph.ops[o].outputs}
 
 
 def _reroute(out: _Out, old: int, new: int) -> _Out:

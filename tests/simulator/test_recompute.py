@@ -91,6 +91,30 @@ def test_a_chain_frees_its_intermediates_once_it_has_run() -> None:
     assert (EventKind.RECOMPUTE, "relu:0@re") in rows and (EventKind.FREE, "relu:0@re") not in rows
 
 
+def test_an_element_wise_chain_writes_into_its_own_intermediates() -> None:
+    # mul and relu may each take over their input's buffer: a chain of three element-wise
+    # ops re-runs in one buffer, as TensorFlow's kernels run it
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, MIB, type="Conv2D")
+    m = add(g, "mul", a, MIB, type="Mul")
+    s = add(g, "add", m, MIB, type="AddV2", inplace=(0,))
+    r = add(g, "relu", s, MIB, type="Relu", inplace=(0,))
+    seed = add(g, "gradient_tape/seed", r, 256)
+    b0 = add(g, "gradient_tape/b0", seed, 256)
+    b1 = add(g, "gradient_tape/b1", b0 + r + a, 256)
+    g.mark_outputs(b1)
+    ops = ("mul", "add", "relu")
+    rc = Recompute("relu:0", MIB, ops, "gradient_tape/b0", ("gradient_tape/b1",))
+    result = simulate_plan(compile_program(g), g, SwapPlan(recomputes=(rc,))).memory
+    at = result.order.position["gradient_tape/b0"]
+    rows = [(e.kind, e.tensor, e.nbytes) for e in result.trace if e.step == at]
+    made = [row for row in rows if row[1].endswith("@re")]
+    assert made == [(EventKind.RECOMPUTE, "mul:0@re", MIB)]  # add and relu wrote into it
+    freed = {e.tensor: e.step for e in result.trace if e.kind is EventKind.FREE}
+    assert freed["mul:0@re"] == result.order.position["gradient_tape/b1"]
+
+
 def test_plans_round_trip_with_their_recomputes() -> None:
     plan = _plan()
     again = SwapPlan.from_dict(plan.to_dict())
