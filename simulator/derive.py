@@ -184,7 +184,7 @@ def _in_scopes(name: str, scopes: tuple[str, ...]) -> bool:
 
 def derive_plan(ctx: PlanContext, params: PlanParams) -> SwapPlan:
     """The plan `params` gives on the graph of `ctx`: recomputes first, then swaps."""
-    recomputes, _ = _recomputes(ctx, params)
+    recomputes = _recomputes(ctx, params)
     made = {r.tensor for r in recomputes}
     swaps: list[Swap] = []
     for cand in ctx.candidates:
@@ -211,10 +211,8 @@ def _from_swap_ins(
     index = {s.tensor: i for i, s in enumerate(swaps)}
     out = []
     for rc in recomputes:
-        made = {t for o in rc.ops for t in ctx.graph.ops[o].outputs}
-        reads = {t for o in rc.ops for t in ctx.graph.ops[o].inputs} - made
         sources = []
-        for name in sorted(reads & index.keys()):
+        for name in sorted(rc.reads(ctx.graph) & index.keys()):
             swap = swaps[index[name]]
             first = swap.swap_ins[0]
             if pos[first.trigger] > pos[rc.trigger]:
@@ -225,14 +223,14 @@ def _from_swap_ins(
     return out
 
 
-def _recomputes(ctx: PlanContext, params: PlanParams) -> tuple[list[Recompute], set[str]]:
+def _recomputes(ctx: PlanContext, params: PlanParams) -> list[Recompute]:
     """With `recompute="cheap"`, a recompute for every candidate a chain of cheap ops can make
-    again (see the module's docstring), and the tensors those chains read (kept on the device,
-    or read from a swap-in, `_from_swap_ins`)."""
+    again (see the module's docstring); a tensor a chain reads (kept on the device, or read
+    from a swap-in, `_from_swap_ins`) is not recomputed itself."""
     out: list[Recompute] = []
     held: set[str] = set()
     if params.recompute == "none" or not ctx.candidates:
-        return out, held
+        return out
     sizes = {c.tensor: ctx.graph.tensors[c.tensor].nbytes for c in ctx.candidates}
     floor = max(sizes.values()) // RECOMPUTE_SMALLEST
     for cand in ctx.candidates:
@@ -242,7 +240,7 @@ def _recomputes(ctx: PlanContext, params: PlanParams) -> tuple[list[Recompute], 
         if found is not None:
             out.append(found[0])
             held |= found[1]
-    return out, held
+    return out
 
 
 def _recompute(

@@ -9,9 +9,12 @@ One `SwapPlan` object is the single source of truth for both, so they cannot dri
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator.errors import UserError
+
+if TYPE_CHECKING:
+    from simulator.graph import Graph
 
 __all__ = ["InvalidPlan", "Recompute", "Swap", "SwapIn", "SwapPlan"]
 
@@ -61,6 +64,14 @@ class Recompute:
     trigger: str
     consumers: tuple[str, ...]
     sources: tuple[tuple[str, int], ...] = ()
+
+    def made(self, graph: Graph) -> set[str]:
+        """The tensors the chain makes on `graph`."""
+        return {t for o in self.ops for t in graph.ops[o].outputs}
+
+    def reads(self, graph: Graph) -> set[str]:
+        """The tensors the chain reads that it does not make itself."""
+        return {t for o in self.ops for t in graph.ops[o].inputs} - self.made(graph)
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ class _Lowering:
         if any(pos[c] <= at for c in rc.consumers):
             raise InvalidPlan(f"recompute of {rc.tensor!r} is triggered after one of its readers")
         sources = self._sources(rc, at)
-        inner = _made_by(graph, rc)
+        inner = rc.made(graph)
         for op_name in rc.ops:
             for name in graph.ops[op_name].inputs:
                 if name not in inner and name in self.base.tid:
@@ -231,11 +231,6 @@ class _Lowering:
             recomputes=self.recomputes,
             visits=added_visits(self.base.visits, [*moved, *added, *planned, *self.extended]),
         )
-
-
-def _made_by(graph: Graph, rc: Recompute) -> set[str]:
-    """The tensors a recompute's chain makes."""
-    return {t for o in rc.ops for t in graph.ops[o].outputs}
 
 
 def _reroute(out: _Out, old: int, new: int) -> _Out:

@@ -73,9 +73,7 @@ def test_random_plans_are_valid_and_balance(g: Graph, p: PlanParams) -> None:
     pos = ctx.order.position
     swapped = {s.tensor for s in plan.swaps}
     for rc in plan.recomputes:
-        made = {t for o in rc.ops for t in g.ops[o].outputs}
-        read = {t for o in rc.ops for t in g.ops[o].inputs} - made
-        assert read & swapped == {t for t, _ in rc.sources} and rc.tensor not in swapped
+        assert rc.reads(g) & swapped == {t for t, _ in rc.sources} and rc.tensor not in swapped
         assert len(rc.ops) <= p.recompute_ops
     for swap in plan.swaps:
         for s in swap.swap_ins:
