@@ -7,6 +7,7 @@ al., 2019) at its 124M size. Both take their sizes as arguments, so tests build 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from simulator.errors import UserError
@@ -108,7 +109,7 @@ def gpt2(
     import keras
     from keras import layers
 
-    embedding = TiedEmbedding(vocab, width, context, name="embedding")
+    embedding = _tied_embedding_class()(vocab, width, context, name="embedding")
     tokens = keras.Input((context,), dtype="int32", name="tokens")
     x = layers.Dropout(dropout)(embedding(tokens))
     for i in range(layers_):
@@ -139,7 +140,9 @@ def gpt2_optimizer() -> Any:
     return keras.optimizers.AdamW(learning_rate=6e-4, weight_decay=0.1, beta_1=0.9, beta_2=0.95)
 
 
+@functools.cache
 def _tied_embedding_class() -> Any:
+    """GPT-2's tied embedding layer, defined once Keras is imported (this module is not)."""
     import keras
     from keras import ops
 
@@ -164,14 +167,3 @@ def _tied_embedding_class() -> Any:
             return x + self.positions[: ops.shape(inputs)[1]]
 
     return TiedEmbedding
-
-
-def TiedEmbedding(vocab: int, width: int, context: int, **kwargs: Any) -> Any:  # noqa: N802
-    """GPT-2's tied embedding layer (see `gpt2`); the class is made once Keras is imported."""
-    global _TIED
-    if _TIED is None:
-        _TIED = _tied_embedding_class()
-    return _TIED(vocab, width, context, **kwargs)
-
-
-_TIED: Any = None
