@@ -4,14 +4,27 @@ Every op needs its inputs and outputs on the device while it runs (and its kerne
 no plan can go below the resident bytes plus the largest such working set. An element-wise op may
 write its output into an input buffer of the same size (`Op.inplace`): its output then needs no
 bytes of its own. Tuning is judged against this bound.
+
+The least step time any plan could reach at a budget (`time_bound_seconds`) is a relaxation.
+Take the step's live peak without a plan, at step p: a plan that fits the budget must take at
+least `over` = peak - budget of the bytes live at p off the device there (every other change a
+plan makes adds bytes), by swapping them out or by freeing them to recompute them later. A
+swapped tensor live at p has a reader after p, so its swap-out ends before p starts and its
+swap-in is triggered at p or later: the device-to-host stream carries the swapped bytes before
+p, the host-to-device stream after it, and the step lasts at least S/d2h + S/h2d for S swapped
+bytes, however well the copies overlap compute. Recomputing R bytes adds at least R times the
+cheapest recompute's seconds per byte to the one compute stream, which already runs the whole
+step's compute. The bound is the least, over every split of `over` into S + R (R no more than
+the plan family can recompute), of the larger of the two.
 """
 
 from __future__ import annotations
 
 from simulator.graph import Graph, Op
 from simulator.heap import GRANULARITY, round_up
+from simulator.timing import Link
 
-__all__ = ["lower_bound_bytes"]
+__all__ = ["lower_bound_bytes", "time_bound_seconds"]
 
 
 def lower_bound_bytes(graph: Graph, *, granularity: int = GRANULARITY) -> int:
@@ -43,3 +56,23 @@ def _reused_in_place(graph: Graph, op: Op, granularity: int) -> int:
     inputs = (graph.tensors[graph.buffer_root(op.inputs[i])] for i in op.inplace)
     sizes = (round_up(t.nbytes, granularity) for t in inputs if t.kind.on_device)
     return size if size in sizes else 0
+
+
+def time_bound_seconds(
+    compute: float,
+    over: int,
+    link: Link,
+    recomputable: int = 0,
+    per_byte: float = 0.0,
+) -> float:
+    """The least step time of a plan that takes `over` bytes off the device at the peak (see
+    the module's docstring): `compute` is the step's compute seconds, `recomputable` the bytes
+    recomputes could free at best and `per_byte` the least seconds a recompute takes per byte."""
+    if over <= 0:
+        return compute
+    k = 1 / link.d2h + 1 / link.h2d  # seconds per swapped byte, out before p and in after it
+    cap = min(over, recomputable)
+    # the compute side grows with the recomputed bytes x, the transfer side shrinks: the least
+    # of their maximum is where they meet, or at an end of [0, cap]
+    x = min(max((over * k - compute) / (per_byte + k), 0.0), cap)
+    return max(compute + per_byte * x, (over - x) * k)

@@ -32,6 +32,7 @@ __all__ = [
     "LEAST_MEMORY",
     "PlanContext",
     "PlanParams",
+    "RECOMPUTE_MAX_OPS",
     "check_plan",
     "derive_plan",
 ]
@@ -40,6 +41,8 @@ __all__ = [
 BACKWARD_SCOPES = ("gradient_tape/", "gradients/")
 TRIGGER_STRATEGIES = ("direct_order", "chain_rule")
 RECOMPUTE_MODES = ("none", "cheap")
+#: the longest chain the search (and the time bound) lets a recompute re-run
+RECOMPUTE_MAX_OPS = 8
 #: a tensor is recomputed only if it has at least 1/RECOMPUTE_SMALLEST of the largest
 #: candidate's bytes: smaller ones save little, and recomputed, their originals die early, so
 #: that chains for the large ones could not read them (a batch norm's scale, say)

@@ -29,7 +29,14 @@ from simulator import (
     lower_bound_bytes,
     simulate_plan,
 )
-from simulator.derive import LEAST_MEMORY, PlanContext, PlanParams, derive_plan
+from simulator.bounds import time_bound_seconds
+from simulator.derive import (
+    LEAST_MEMORY,
+    RECOMPUTE_MAX_OPS,
+    PlanContext,
+    PlanParams,
+    derive_plan,
+)
 from simulator.memory import paused_gc
 from simulator.opsemantics import fused_together
 from simulator.order_edges import Edge, find_order_edges
@@ -150,6 +157,33 @@ class Engine:
         the search of order edges."""
         engine = Engine.build(graph, device=self.device, lower_bound=self.lower_bound)
         return engine.evaluate(LEAST_MEMORY, timed=False).result.memory, engine.order
+
+    def time_bound(self, budget_bytes: int, *, ordered: bool = True) -> float | None:
+        """The least step time any plan could reach within `budget_bytes` (see
+        `simulator.bounds`), over plans in this order and, `ordered`, with order edges; None
+        without the time model or when no plan fits (the budget under the lower bound)."""
+        if self.timeline is None or self.device is None or budget_bytes < self.lower_bound:
+            return None
+        rows = [self._bound_inputs()]
+        if ordered and rows[0][0] > budget_bytes:
+            rows.append(self.serialized()._bound_inputs())
+        peak = min(r[0] for r in rows)
+        recomputable = max(r[1] for r in rows)
+        per_byte = min(r[2] for r in rows)
+        compute = self.timeline.baseline_seconds
+        link = self.device.link
+        return time_bound_seconds(compute, peak - budget_bytes, link, recomputable, per_byte)
+
+    def _bound_inputs(self) -> tuple[int, int, float]:
+        """The live peak without a plan, the bytes the widest recompute plan frees, and the
+        least seconds per byte of its recomputes (0 when it has none)."""
+        bare = self.evaluate(PlanParams(n_tensors=0), allocator=False, timed=False)
+        widest = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS)
+        recomputes = self.evaluate(widest, allocator=False, timed=False).plan.recomputes
+        cost = self.cost or {}
+        rates = (sum(cost.get(o, 0.0) for o in r.ops) / r.nbytes for r in recomputes)
+        made = sum(r.nbytes for r in recomputes)
+        return bare.result.memory.live_peak_bytes, made, min(rates, default=0.0)
 
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""

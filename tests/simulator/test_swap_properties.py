@@ -1,6 +1,7 @@
 """Property tests: random training-like graphs, random swap parameters."""
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -109,3 +110,29 @@ def test_no_plan_simulates_below_the_lower_bound(g: Graph, p: PlanParams) -> Non
     assert live.peak_bytes >= bound, (live.peak_bytes, bound)
     replayed = simulate_plan(program, g, plan, allocator=BFCModel(allow_growth=False)).memory
     assert replayed.peak_bytes >= bound
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    training_graphs(),
+    params,
+    st.booleans(),
+    st.floats(1e3, 1e7),
+    st.lists(st.floats(1e-6, 1e-3), min_size=40, max_size=40),
+)
+def test_no_plan_that_fits_runs_faster_than_the_time_bound(
+    g: Graph, p: PlanParams, serialize: bool, bw: float, costs: list[float]
+) -> None:
+    from simulator import get_preset
+    from simulator.engine import Engine
+
+    preset = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=bw)
+    cost = {name: costs[i % len(costs)] for i, name in enumerate(sorted(g.ops))}
+    engine = Engine.build(g, device=preset, cost=cost)
+    ev = engine.evaluate(replace(p, serialize=serialize))
+    budget = max(ev.result.memory.live_peak_bytes, engine.lower_bound)
+    bound = engine.time_bound(budget)
+    assert bound is not None and ev.step_seconds is not None
+    assert ev.step_seconds >= bound * (1 - 1e-9), (ev.step_seconds, bound)
+    # the budget the plan just fits is the tightest: any larger one gives no higher bound
+    assert engine.time_bound(2 * budget) <= bound
