@@ -49,6 +49,9 @@ class Simulation:
     profiled_peak_bytes: int | None = None
     cpu_kernels: dict[str, Any] | None = None  # the CPU kernels modelled (no device preset)
     order_peaks: tuple[int, ...] = ()  # each sampled executor order's peak, smallest first
+    #: the least step time any plan in this order could reach within the preset's memory
+    #: times the default safety ratio (`simulator.bounds`); None without a preset
+    time_bound_seconds: float | None = None
 
     @property
     def result(self) -> SimResult:
@@ -116,6 +119,7 @@ class Simulation:
             "recomputed_tensors": len(self.plan.recomputes),
             "recomputed_bytes": self.plan.recomputed_bytes,
             "recompute_seconds": self.recompute_seconds,
+            "time_bound_seconds": self.time_bound_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
             "params": self.evaluation.params.to_dict(),
             "peak_op": r.peak_op,
@@ -247,7 +251,21 @@ def simulate_captured(
         profile.peak_bytes if profile and schedule == "recorded" else None,
         asdict(kernels) if kernels else None,
         tuple(e.result.memory.peak_bytes for _, e in runs) if sampled else (),
+        _time_bound(engine, preset, params),
     )
+
+
+def _time_bound(
+    engine: Engine, preset: DevicePreset | None, params: PlanParams | None
+) -> float | None:
+    """The time bound at the preset's memory and the default safety ratio, over plans in the
+    simulated order (and with order edges when the plan has them)."""
+    if preset is None:
+        return None
+    from autotune.search.core import DEFAULT_SAFETY_RATIO
+
+    ordered = params is not None and params.serialize
+    return engine.time_bound(int(preset.memory_bytes * DEFAULT_SAFETY_RATIO), ordered=ordered)
 
 
 def _resolved_schedule(schedule: str, params: PlanParams | None, kernels: CpuKernels | None) -> str:

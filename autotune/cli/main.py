@@ -151,7 +151,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     host = resolve_host_memory(args.host_memory)
     budget = Budget(args.gpu_memory or preset.memory_bytes, args.safety_ratio, host)
     batch = args.batch_size or "max"
-    name = args.study or study_name(args.model, batch, preset.name, budget.bytes, host)
+    name = args.study or study_name(
+        args.model, batch, preset.name, budget.bytes, host, args.recompute
+    )
     zm = resolve_model(args.model, cube=args.cube)
     tuned = fit(
         zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=args.batch_size,
@@ -159,6 +161,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         storage=args.storage, study=name, out=args.out, safety_ratio=args.safety_ratio,
         host_memory=host,
         objectives=args.objectives, max_batch=args.max_batch, progress=not args.quiet,
+        recompute=args.recompute,
     )  # fmt: skip
     if args.verify:
         tuned.verify()

@@ -163,7 +163,7 @@ def ratio_arg(text: str) -> float:
 
 
 def add_fit_args(p: argparse.ArgumentParser) -> None:
-    from autotune.search.core import DEFAULT_SAFETY_RATIO
+    from autotune.search.core import DEFAULT_SAFETY_RATIO, RECOMPUTE_CHOICES
     from autotune.search.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
     from simulator import PRESETS
 
@@ -192,6 +192,13 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
         help="share of the memory a predicted peak may use (default from measured error)",
     )
     p.add_argument("--objectives", type=int, choices=(1, 2), default=1, help="2: peak and time")
+    p.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_CHOICES,
+        default="search",
+        help="search (default): the search chooses whether to recompute cheap element-wise "
+        "tensors instead of swapping them; none: swap only; cheap: always recompute them",
+    )
     p.add_argument("--out", default="autotune-out", help="folder for the report and the study")
     p.add_argument("--storage", help="Optuna database URL (default: SQLite in --out)")
     p.add_argument("--study", help="study name (default: from model, batch, device, budget)")

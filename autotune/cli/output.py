@@ -68,6 +68,12 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
             f"step time    {sim.step_seconds * 1e3:.2f} ms  (no swap "
             f"{sim.baseline_step_seconds * 1e3:.2f} ms, overhead {sim.overhead:.3f}x)"
         )
+    if sim.time_bound_seconds is not None and sim.baseline_step_seconds:
+        bound = sim.time_bound_seconds
+        print(
+            f"time bound   {bound * 1e3:.2f} ms  ({bound / sim.baseline_step_seconds:.3f}x: the "
+            "least any plan could reach within the device memory)"
+        )
     if preset is not None:
         fits = "fits" if r.peak_bytes <= preset.memory_bytes else "does NOT fit"
         print(f"device       {fits} in {_sized(preset.memory_bytes)}")
@@ -123,8 +129,9 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
         print(
             f"             peak {_sized(d['predicted_peak_bytes'])} (no swap "
             f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
-            f"{d['swapped_tensors']} tensors swapped"
+            f"{d['swapped_tensors']} tensors swapped{_recomputed(d)}"
         )
+        _print_time_bound(d)
         _print_order_edges(tuple(map(tuple, d["order_edges"])))
     _print_host(d)
     batches = batches_table(tuned)
@@ -139,6 +146,20 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
         print_verification(tuned.verification)
     print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
     print(f"report       {report}  (study {name!r}: resume by running the same command)")
+
+
+def _recomputed(d: dict[str, Any]) -> str:
+    if not d["recomputed_tensors"]:
+        return ""
+    seconds = d["recompute_seconds"]
+    rerun = f" ({seconds * 1e3:.1f} ms re-run)" if seconds is not None else ""
+    return f", {d['recomputed_tensors']} recomputed{rerun}"
+
+
+def _print_time_bound(d: dict[str, Any]) -> None:
+    bound, base = d["time_bound_seconds"], d["baseline_step_seconds"]
+    if bound is not None and base:
+        print(f"time bound   {bound / base:.3f}x  (the least overhead any plan could reach here)")
 
 
 def _print_host(d: dict[str, Any]) -> None:

@@ -2,8 +2,8 @@
 
 `StepFamily` captures the step at two batch sizes, fits the affine family of graphs
 (`simulator.scaling`) and Grappler's per-op costs at both, and builds an engine for any batch on
-demand. `largest_batches` then searches the batch size for each method: no swapping, the
-original tool's defaults, its auto-tuner, random search and ours, with tuning inside.
+demand. `largest_batches` then searches the batch size for each method: no swapping, recompute
+only, the original tool's defaults, its auto-tuner, random search and ours, with tuning inside.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from autotune.search.baselines import (
 )
 from autotune.search.core import (
     LEAST_MEMORY_ORDERED,
+    RECOMPUTE_ONLY,
     Budget,
     Outcome,
     in_memory_study,
@@ -35,12 +36,29 @@ from simulator.engine import Engine
 from simulator.errors import UserError
 from simulator.scaling import BatchFamily, affine_costs
 
-__all__ = ["METHODS", "BatchSearch", "CapturedSteps", "StepFamily", "Steps", "largest_batches"]
+__all__ = [
+    "METHODS",
+    "SWAPPING",
+    "BatchSearch",
+    "CapturedSteps",
+    "StepFamily",
+    "Steps",
+    "largest_batches",
+]
 
 #: Capture batches: any two from 2 fix the memory exactly; costs are extrapolated along a line,
 #: which from 16 and 32 predicted Grappler's ResNet-50 step at 128 within 0.1 %.
 CAPTURE_BATCHES = (16, 32)
-METHODS = ("no swapping", "original defaults", "original auto-tuner", "random search", "ours")
+METHODS = (
+    "no swapping",
+    "recompute only",
+    "original defaults",
+    "original auto-tuner",
+    "random search",
+    "ours",
+)
+#: the methods that swap (the others fit less; sizes all methods fit are taken among these)
+SWAPPING = METHODS[2:]
 _WARM_STARTS = ("original defaults", "original auto-tuner")
 #: the methods that run a study of trials
 _SEARCHES = ("random search", "ours")
@@ -171,26 +189,32 @@ def method_at(
     seed: int,
     *,
     first_fit: bool = False,
+    recompute: str = "search",
 ) -> Outcome:
     """Run `method` on the step at `batch`; with `first_fit` a search stops at its first plan
-    that fits (its outcome then says only whether the batch fits)."""
+    that fits (its outcome then says only whether the batch fits). `recompute` is what the
+    searches may do with recomputes (`autotune.search.core.Space`)."""
     engine = steps.engine(batch)
     callbacks = [stop_when_fits] if first_fit else None
     if method == "no swapping":
         return single_plan(engine, PlanParams(n_tensors=0), budget, method)
+    if method == "recompute only":
+        return single_plan(engine, RECOMPUTE_ONLY, budget, method)
     if method == "original defaults":
         return single_plan(engine, PlanParams(), budget, method)
     if method == "original auto-tuner":
         return original_autotuner(engine, budget)
     if method == "random search":
-        return random_search(engine, budget, trials, seed, callbacks)
+        return random_search(engine, budget, trials, seed, callbacks, recompute)
     if method == "ours":
         # a probe whose least-memory trial (the second) fits stops there: the warm starts
         # queued after it would never run, so they are not searched for
         skip = first_fit and budget.admits(engine.evaluate(LEAST_MEMORY_ORDERED))
         starts = () if skip else warm_starts(engine, budget)
         study = in_memory_study("tpe", seed)
-        return run_study(engine, budget, study, trials, starts=starts, callbacks=callbacks)
+        return run_study(
+            engine, budget, study, trials, starts=starts, callbacks=callbacks, recompute=recompute
+        )
     raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
@@ -215,6 +239,7 @@ def largest_batch(
     high: int,
     on_probe: Callable[[str, int], None] | None = None,
     full_outcome: bool = True,
+    recompute: str = "search",
 ) -> BatchSearch:
     """Binary search of the batch in [low, high] for `method` (its outcome at the result).
 
@@ -227,7 +252,9 @@ def largest_batch(
     def fits(batch: int) -> bool:
         if on_probe:
             on_probe(method, batch)
-        outcomes[batch] = method_at(steps, method, batch, budget, trials, seed, first_fit=True)
+        outcomes[batch] = method_at(
+            steps, method, batch, budget, trials, seed, first_fit=True, recompute=recompute
+        )
         return outcomes[batch].fits
 
     if high < low or not fits(low):
@@ -236,7 +263,7 @@ def largest_batch(
     best = largest(fits, low, high)
     outcome = outcomes[best]
     if method in _SEARCHES and full_outcome:
-        outcome = method_at(steps, method, best, budget, trials, seed)
+        outcome = method_at(steps, method, best, budget, trials, seed, recompute=recompute)
     limit = _limit(outcomes, best, budget)
     return BatchSearch(method, best, outcome, len(outcomes), time.perf_counter() - start, limit)
 
@@ -260,24 +287,27 @@ def largest_batches(
     methods: tuple[str, ...] = METHODS,
     on_probe: Callable[[str, int], None] | None = None,
     tuned_later: tuple[str, ...] = (),
+    recompute: str = "search",
 ) -> dict[str, BatchSearch]:
-    """The largest batch of every method; swapping methods search above the no-swap batch.
-    The methods `tuned_later` (by the caller, at their batch) get no full outcome there."""
+    """The largest batch of every method; the others search above the no-swap batch. The
+    methods `tuned_later` (by the caller, at their batch) get no full outcome there."""
     ceiling = largest_possible(steps, budget)
 
     def search(method: str, low: int) -> BatchSearch:
         return largest_batch(
             steps, method, budget, trials=trials, seed=seed, low=low, high=ceiling,
-            on_probe=on_probe, full_outcome=method not in tuned_later,
+            on_probe=on_probe, full_outcome=method not in tuned_later, recompute=recompute,
         )  # fmt: skip
 
     out = {"no swapping": search("no swapping", 2)}
     low = max(2, out["no swapping"].batch)
+    starts = _WARM_STARTS + (("recompute only",) if recompute == "search" else ())
     for method in methods:
         if method == "ours":
-            # warm-started with the original defaults and its auto-tuner's choice, ours fits
-            # wherever they fit: its search starts at their largest batch
-            low = max([low, *(out[m].batch for m in _WARM_STARTS if m in out)])
+            # warm-started with the original defaults, its auto-tuner's choice (and recompute
+            # only, when recomputes are searched), ours fits wherever they fit: its search
+            # starts at their largest batch
+            low = max([low, *(out[m].batch for m in starts if m in out)])
         if method != "no swapping":
             out[method] = search(method, low)
     return out

@@ -4,16 +4,20 @@ A trial proposes `n_tensors`, `lb`, `ub`, `threshold` (how far a reader must lie
 `groupby` (fusion distance of swap-ins), the trigger strategy and whether swap-outs are
 synchronized (`sync_out`, which keeps the forward pass from outrunning the link) and whether
 order edges reorder the backward pass (`serialize`: not the original tool's, so its
-baselines never use it; random search draws it from the same space); the engine derives the
-plan and simulates it. "Predicted peak <= budget" is an Optuna constraint and the
+baselines never use it; random search draws it from the same space), and, unless the run fixes
+it (`recompute`: "none" or "cheap" instead of the default "search"), whether cheap element-wise
+tensors are recomputed instead of swapped and how long their chains may be; the engine derives
+the plan and simulates it. "Predicted peak <= budget" is an Optuna constraint and the
 predicted step time the objective (or peak and time as two objectives, Pareto front kept). The
 study is warm-started with the original tool's defaults and with what its auto-tuner picks, so
-it can only improve on them, and with the plan that saves the most memory, so that a budget that
-can be met is met early.
+it can only improve on them, and with the plan that saves the most memory (with and without
+recomputes), so that a budget that can be met is met early.
 
-The baselines run in the same engine against the same budget: no swapping, the original tool's
-defaults, the original tool's auto-tuner (three one-dimensional binary searches on a memory-only
-simulation, see docs/method.md), and random search with as many trials.
+The baselines run in the same engine against the same budget: no swapping, recompute only
+(checkpointing without swapping, as `tf.recompute_grad` does, here of cheap element-wise chains
+of up to `RECOMPUTE_MAX_OPS` ops), the original tool's defaults, the original tool's
+auto-tuner (three one-dimensional binary searches on a memory-only simulation, see
+docs/method.md), and random search with as many trials.
 """
 
 from __future__ import annotations
@@ -26,12 +30,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from simulator.derive import LEAST_MEMORY, TRIGGER_STRATEGIES, PlanParams
+from simulator.derive import (
+    LEAST_MEMORY,
+    RECOMPUTE_MAX_OPS,
+    RECOMPUTE_MODES,
+    TRIGGER_STRATEGIES,
+    PlanParams,
+)
 from simulator.engine import Engine, Evaluation
 from simulator.errors import UserError
 
 __all__ = [
     "DEFAULT_SAFETY_RATIO",
+    "RECOMPUTE_CHOICES",
+    "RECOMPUTE_ONLY",
     "Budget",
     "Outcome",
     "Space",
@@ -90,22 +102,40 @@ class Budget:
 
 #: The plan that saves the most memory, with order edges: ours' second warm start.
 LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True)
+#: The recompute-only baseline: no swapping, every cheap chain recomputed.
+RECOMPUTE_ONLY = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS)
+#: What a run lets the search do with recomputes: search whether (the default), or fix a mode.
+RECOMPUTE_CHOICES = ("search", *RECOMPUTE_MODES)
+
+
+def check_recompute(recompute: str) -> str:
+    """`recompute` if it is one of RECOMPUTE_CHOICES, else a UserError."""
+    if recompute not in RECOMPUTE_CHOICES:
+        raise UserError(f"recompute must be one of {', '.join(RECOMPUTE_CHOICES)}")
+    return recompute
 
 
 @dataclass(frozen=True)
 class Space:
-    """The parameter ranges of one graph: its swap candidates and its number of levels."""
+    """The parameter ranges of one graph: its swap candidates and its number of levels, and
+    whether recomputes are searched ("search") or fixed ("none", "cheap")."""
 
     candidates: int
     levels: int
+    recompute: str = "search"
+
+    def __post_init__(self) -> None:
+        check_recompute(self.recompute)
 
     @classmethod
-    def of(cls, engine: Engine) -> Space:
-        return cls(max(1, len(engine.context.candidates)), max(2, engine.order.n_levels))
+    def of(cls, engine: Engine, recompute: str = "search") -> Space:
+        n = max(1, len(engine.context.candidates))
+        return cls(n, max(2, engine.order.n_levels), recompute)
 
     def suggest(self, trial: Any) -> PlanParams:
-        """The parameters a trial proposes; `lb` and `ub` are sampled alike and sorted."""
-        n = trial.suggest_int("n_tensors", 1, self.candidates)
+        """The parameters a trial proposes; `lb` and `ub` are sampled alike and sorted; no
+        swapped tensor (`n_tensors` 0) only when recomputes may free memory instead."""
+        n = trial.suggest_int("n_tensors", self._fewest(), self.candidates)
         lb = trial.suggest_int("lb", 1, self.levels, log=True)
         ub = trial.suggest_int("ub", 1, self.levels, log=True)
         return PlanParams(
@@ -117,11 +147,25 @@ class Space:
             trigger=trial.suggest_categorical("trigger", list(TRIGGER_STRATEGIES)),
             sync_out=trial.suggest_categorical("sync_out", [False, True]),
             serialize=trial.suggest_categorical("serialize", [False, True]),
+            **self._suggest_recompute(trial),
         )
+
+    def _fewest(self) -> int:
+        return 1 if self.recompute == "none" else 0
+
+    def _suggest_recompute(self, trial: Any) -> dict[str, Any]:
+        if self.recompute == "none":
+            return {}
+        mode = self.recompute
+        if mode == "search":
+            mode = trial.suggest_categorical("recompute", list(RECOMPUTE_MODES))
+        ops = trial.suggest_int("recompute_ops", 1, RECOMPUTE_MAX_OPS)
+        return {"recompute": mode, "recompute_ops": ops}
 
     def of_params(self, p: PlanParams) -> dict[str, Any]:
         """Trial parameters that give `p` (sizes clamped to this graph's ranges)."""
-        n = self.candidates if p.n_tensors == -1 else min(max(p.n_tensors, 1), self.candidates)
+        fewest = self._fewest()
+        n = self.candidates if p.n_tensors == -1 else min(max(p.n_tensors, fewest), self.candidates)
         return {
             "n_tensors": n,
             "lb": min(p.lb, self.levels),
@@ -131,12 +175,25 @@ class Space:
             "trigger": p.trigger,
             "sync_out": p.sync_out,
             "serialize": p.serialize,
+            "recompute": p.recompute if self.recompute == "search" else self.recompute,
+            "recompute_ops": min(p.recompute_ops, RECOMPUTE_MAX_OPS),
         }
 
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
         swap-ins just before their readers, order edges; if anything fits, this usually does."""
         return self.of_params(LEAST_MEMORY_ORDERED)
+
+    def starts(self) -> list[dict[str, Any]]:
+        """A new study's first trials: the original defaults, the least-memory plan and, when
+        recomputes are searched, the least-memory plan with them and recompute only."""
+        out = [self.defaults(), self.least_memory()]
+        if self.recompute == "search":
+            cheap = replace(
+                LEAST_MEMORY_ORDERED, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS
+            )
+            out += [self.of_params(cheap), self.of_params(RECOMPUTE_ONLY)]
+        return out
 
     def defaults(self) -> dict[str, Any]:
         """The original tool's defaults as trial parameters (ub=10000 reaches every level)."""
@@ -222,10 +279,10 @@ INTERRUPTED = threading.Event()
 
 
 def make_objective(
-    engine: Engine, budget: Budget, objectives: int = 1
+    engine: Engine, budget: Budget, objectives: int = 1, recompute: str = "search"
 ) -> Callable[[Any], float | tuple[float, float]]:
     """The Optuna objective: propose, derive, simulate; record the constraint on the trial."""
-    space = Space.of(engine)
+    space = Space.of(engine, recompute)
 
     def objective(trial: Any) -> float | tuple[float, float]:
         if INTERRUPTED.is_set():
@@ -299,24 +356,25 @@ def run_study(
     warm_start: bool = True,
     starts: tuple[PlanParams, ...] = (),
     callbacks: list[Any] | None = None,
+    recompute: str = "search",
 ) -> Outcome:
     """Run `study` until it holds `trials` finished trials (resuming one that has some). A new
-    study with `warm_start` first tries the original defaults, the least-memory plan and
-    `starts` (e.g. what the original auto-tuner chose), so it can only improve on them."""
+    study with `warm_start` first tries `Space.starts` and `starts` (e.g. what the original
+    auto-tuner chose), so it can only improve on them. `recompute` is as in `Space`."""
     import optuna
     from optuna.study import MaxTrialsCallback
 
     start = time.perf_counter()
     complete = (optuna.trial.TrialState.COMPLETE,)
     if warm_start and not study.trials:
-        space = Space.of(engine)
-        for params in (space.defaults(), space.least_memory(), *map(space.of_params, starts)):
+        space = Space.of(engine, recompute)
+        for params in (*space.starts(), *map(space.of_params, starts)):
             study.enqueue_trial(params)
     left = trials - len(study.get_trials(deepcopy=False, states=complete))
     if left > 0:
         with quiet_optuna():
             study.optimize(
-                make_objective(engine, budget, objectives),
+                make_objective(engine, budget, objectives, recompute),
                 n_trials=left,
                 callbacks=[MaxTrialsCallback(trials, states=complete), *(callbacks or [])],
             )
@@ -358,11 +416,18 @@ def quiet_optuna() -> Iterator[None]:
 
 
 def random_search(
-    engine: Engine, budget: Budget, trials: int, seed: int, callbacks: list[Any] | None = None
+    engine: Engine,
+    budget: Budget,
+    trials: int,
+    seed: int,
+    callbacks: list[Any] | None = None,
+    recompute: str = "search",
 ) -> Outcome:
     """Uniform random proposals from the same space, as many as ours had."""
     study = in_memory_study("random", seed)
-    return run_study(engine, budget, study, trials, warm_start=False, callbacks=callbacks)
+    return run_study(
+        engine, budget, study, trials, warm_start=False, callbacks=callbacks, recompute=recompute
+    )
 
 
 def stop_when_fits(study: Any, trial: Any) -> None:

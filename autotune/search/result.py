@@ -46,6 +46,7 @@ class TuningResult:
     tuning_seconds: float
     trace_seconds: float
     captured: Captured | None = None
+    time_bound_seconds: float | None = None
     batches: dict[str, BatchSearch] | None = None
     steps: Any = None  # the StepFamily of a largest-batch search (for the batch curve)
     verification: Any = None
@@ -98,6 +99,12 @@ class TuningResult:
     @property
     def predicted_overhead(self) -> float | None:
         return self.evaluation.overhead
+
+    @property
+    def recompute_seconds(self) -> float | None:
+        """Compute time the plan's recomputes add per step (None without the time model)."""
+        time = self.evaluation.result.time
+        return time.recompute_seconds if time else None
 
     @property
     def step(self) -> Any:
@@ -178,12 +185,16 @@ class TuningResult:
             "params": self.params.to_dict(),
             "swapped_tensors": len(self.plan.swaps),
             "swapped_bytes": self.plan.swapped_bytes,
+            "recomputed_tensors": len(self.plan.recomputes),
+            "recomputed_bytes": self.plan.recomputed_bytes,
+            "recompute_seconds": self.recompute_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_host_peak_bytes": self.evaluation.host_peak_bytes,
             "host_memory_bytes": self.budget.host_bytes,
             "predicted_step_seconds": self.predicted_step_seconds,
             "predicted_overhead": self.predicted_overhead,
+            "time_bound_seconds": self.time_bound_seconds,
             "baseline_peak_bytes": self.baseline.peak_bytes,
             "baseline_step_seconds": self.baseline.step_seconds,
             "lower_bound_bytes": self.lower_bound_bytes,

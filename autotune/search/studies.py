@@ -30,12 +30,19 @@ def default_storage(out: Path) -> str:
 
 
 def study_name(
-    model: str, batch: int | str, device: str, budget_bytes: int, host_bytes: int | None = None
+    model: str,
+    batch: int | str,
+    device: str,
+    budget_bytes: int,
+    host_bytes: int | None = None,
+    recompute: str = "search",
 ) -> str:
-    """A name that changes whenever the search space or the budget (device or host) does."""
+    """A name that changes whenever the search space (a fixed `recompute` mode narrows it) or
+    the budget (device or host) does."""
     base = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name)
     host = f"-host{host_bytes}B" if host_bytes is not None else ""
-    return f"{base}-b{batch}-{device}-{budget_bytes}B{host}"
+    mode = f"-recompute-{recompute}" if recompute != "search" else ""
+    return f"{base}-b{batch}-{device}-{budget_bytes}B{host}{mode}"
 
 
 #: Workers that open a new database together race to create its tables; the loser of the race

@@ -31,6 +31,7 @@ from autotune.search.core import (
     DEFAULT_SAFETY_RATIO,
     Budget,
     Outcome,
+    check_recompute,
     run_study,
 )
 from autotune.search.result import BudgetError, NoFitError, TunedGraph, TuningResult
@@ -79,8 +80,10 @@ def tune_captured(
     objectives: int = 1,
     batch_size: int | None = None,
     progress: Progress | None = None,
+    recompute: str = "search",
 ) -> TuningResult:
-    """Tune one captured step on its engine: baselines, then our study (resumed if stored)."""
+    """Tune one captured step on its engine: baselines, then our study (resumed if stored);
+    `recompute` is what the search may do with recomputes (`autotune.search.core.Space`)."""
     check_budget(engine, budget)
     start = time.perf_counter()
     baseline = engine.evaluate(PlanParams(n_tensors=0))
@@ -89,13 +92,13 @@ def tune_captured(
     if budget.admits(baseline):
         best = baseline
     else:
-        outcomes = _baselines(engine, budget, trials, seed)
+        outcomes = _baselines(engine, budget, trials, seed, recompute)
         study = open_study(storage, name, seed=seed, objectives=objectives)
         callbacks = (progress or Progress(False)).trials(trials, _finished(study))
         starts = warm_starts(engine, budget, outcomes["original auto-tuner"])
         ours = run_study(
             engine, budget, study, trials, objectives=objectives, starts=starts,
-            callbacks=callbacks,
+            callbacks=callbacks, recompute=recompute,
         )  # fmt: skip
         outcomes["ours"] = ours
         best = ours.shown or baseline
@@ -111,6 +114,7 @@ def tune_captured(
         time.perf_counter() - start,
         captured.trace_seconds,
         captured,
+        engine.time_bound(budget.bytes),
     )
 
 
@@ -120,15 +124,18 @@ def _finished(study: Any) -> int:
     return len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
-def _baselines(engine: Engine, budget: Budget, trials: int, seed: int) -> dict[str, Outcome]:
+def _baselines(
+    engine: Engine, budget: Budget, trials: int, seed: int, recompute: str
+) -> dict[str, Outcome]:
     from autotune.search.baselines import original_autotuner
-    from autotune.search.core import random_search, single_plan
+    from autotune.search.core import RECOMPUTE_ONLY, random_search, single_plan
 
     return {
         "no swapping": single_plan(engine, PlanParams(n_tensors=0), budget, "no swapping"),
+        "recompute only": single_plan(engine, RECOMPUTE_ONLY, budget, "recompute only"),
         "original defaults": single_plan(engine, PlanParams(), budget, "original defaults"),
         "original auto-tuner": original_autotuner(engine, budget),
-        "random search": random_search(engine, budget, trials, seed),
+        "random search": random_search(engine, budget, trials, seed, recompute=recompute),
     }
 
 
@@ -151,6 +158,7 @@ def fit(
     optimizer: Any = None,
     batch_size: int | None = None,
     input_shape: tuple[int, ...] | None = None,
+    recompute: str = "search",
 ) -> TuningResult:
     """Find the fastest swap plan whose predicted peak fits `gpu_memory` x `safety_ratio` on
     `device` (a preset name; `gpu_memory` defaults to its memory) and whose swapped tensors
@@ -162,8 +170,11 @@ def fit(
     Optuna database URL; default SQLite in `out`) under `study`, and resumed if it exists.
     With `max_batch=True` the batch size is searched (the batch is the leading dimension of
     every example argument) and the step is tuned at the largest batch that fits.
+    `recompute`: "search" (default) lets the search choose whether to recompute cheap
+    element-wise tensors instead of swapping them; "none" never recomputes, "cheap" always.
     """
     _check_options(trials, objectives)
+    check_recompute(recompute)
     preset = get_preset(device) if isinstance(device, str) else device
     budget = Budget(_memory(gpu_memory, preset), safety_ratio, resolve_host_memory(host_memory))
     capture_at = _capturer(step_or_model, example_args, loss, optimizer, batch_size, input_shape)
@@ -172,7 +183,7 @@ def fit(
     if max_batch:
         given = batch_size or _leading_dim(example_args)
         opts = {"trials": trials, "seed": seed, "storage": url, "objectives": objectives,
-                "batch_size": given}  # fmt: skip
+                "batch_size": given, "recompute": recompute}  # fmt: skip
         return _fit_max_batch(capture_at, preset, budget, study, bars, **opts)
     bars.stage("tracing the step")
     captured = capture_at(None)
@@ -180,16 +191,18 @@ def fit(
     batch = _leading_dim(captured.specs)
     engine = _engine(captured, preset)
     name = study or study_name(
-        _model_name(step_or_model), batch or "x", preset.name, budget.bytes, budget.host_bytes
-    )
+        _model_name(step_or_model), batch or "x", preset.name, budget.bytes, budget.host_bytes,
+        recompute,
+    )  # fmt: skip
     bars.stage("baselines")
     tuned = tune_captured(
         captured, engine, budget, trials=trials, seed=seed, storage=url, name=name,
-        objectives=objectives, batch_size=batch, progress=bars,
+        objectives=objectives, batch_size=batch, progress=bars, recompute=recompute,
     )  # fmt: skip
     if batch is not None:
         tuned.recapture = capture_at
-        tuned.tuning = {"trials": trials, "seed": seed, "storage": url, "name": name}
+        tuned.tuning = {"trials": trials, "seed": seed, "storage": url, "name": name,
+                        "recompute": recompute}  # fmt: skip
     return tuned.check_fits()
 
 
@@ -281,32 +294,35 @@ def _fit_max_batch(
     """Capture at two batches (the given one and its double, so that per-op costs are of that
     size; else 16 and 32), find each method's largest batch, tune ours there (`opts` are
     tune_captured's: trials, seed, storage, objectives; and the given batch_size)."""
-    trials, seed = opts["trials"], opts["seed"]
+    trials, seed, recompute = opts["trials"], opts["seed"], opts["recompute"]
     given = opts.pop("batch_size", None)
     pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES
     steps = StepFamily.capture(capture_at, preset, pair, on_stage=bars.stage)
     batches = largest_batches(
-        steps, budget, trials=trials, seed=seed, on_probe=bars.probe, tuned_later=("ours",)
-    )
+        steps, budget, trials=trials, seed=seed, on_probe=bars.probe, tuned_later=("ours",),
+        recompute=recompute,
+    )  # fmt: skip
     best = batches["ours"].batch or batches["no swapping"].batch
     if best == 0:
         check_budget(steps.engine(2), budget)
     bars.stage(f"tracing at batch {best}")
     captured = capture_at(best)
     engine = steps.engine(best)
-    name = study or study_name("step", f"max{best}", preset.name, budget.bytes, budget.host_bytes)
+    name = study or study_name(
+        "step", f"max{best}", preset.name, budget.bytes, budget.host_bytes, recompute
+    )
     tuned = tune_captured(
         captured, engine, budget, name=name, batch_size=best, progress=bars, **opts
     )
     ours = batches["ours"]
     if ours.outcome is not None:  # its full outcome at its batch: the tuning's
         full = tuned.outcomes.get("ours") or method_at(
-            steps, "ours", ours.batch, budget, trials, seed
+            steps, "ours", ours.batch, budget, trials, seed, recompute=recompute
         )
         batches["ours"] = replace(ours, outcome=full)
     tuned.batches = batches
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
     tuned.recapture = capture_at
-    tuned.tuning = {k: opts[k] for k in ("trials", "seed", "storage")} | {"name": name}
+    tuned.tuning = {k: opts[k] for k in ("trials", "seed", "storage", "recompute")} | {"name": name}
     return tuned.check_fits()

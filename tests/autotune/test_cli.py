@@ -47,6 +47,17 @@ def test_simulate_json_has_the_promised_keys() -> None:
 
 
 @pytest.mark.tf
+def test_simulate_json_bounds_the_time_of_a_plan_that_fits() -> None:
+    args = ("simulate", "--model", "tiny-cnn", "--batch-size", "256")
+    plan = ("--ub", "1", "--sync-out", "--device", "v100-16gb-nvlink2", "--gpu-memory", "95MiB",
+            "--link-bandwidth", "1GB")  # fmt: skip
+    out = cli_json(*args, *plan)
+    assert out["peak_bytes"] <= 0.92 * (95 << 20) < out["baseline_peak_bytes"]
+    assert out["baseline_step_seconds"] < out["time_bound_seconds"] <= out["step_seconds"]
+    assert cli_json(*args)["time_bound_seconds"] is None  # no device, no time model
+
+
+@pytest.mark.tf
 def test_simulate_prints_units() -> None:
     out = run_cli("simulate", "--model", "tiny-cnn", "--batch-size", "4")
     assert out.returncode == 0, out.stderr

@@ -122,7 +122,8 @@ def test_max_batch_for_a_custom_step(tmp_path) -> None:  # type: ignore[no-untyp
     assert tuned.batches["ours"].outcome is tuned.outcomes["ours"]
     assert tuned.outcomes["ours"].study is tuned.study and len(tuned.study.trials) >= 8
     assert set(d["baselines"]) == {
-        "no swapping", "original defaults", "original auto-tuner", "random search"
+        "no swapping", "recompute only", "original defaults", "original auto-tuner",
+        "random search",
     }  # fmt: skip
     # the plan simulated on the graph built from two captures applies to the step captured at
     # the batch found, as it is (order edges included)
@@ -184,3 +185,26 @@ def test_a_tuned_step_names_an_argument_it_cannot_take(tmp_path) -> None:  # typ
         tuned(x, np.full(512, 2**40))  # int64 labels that do not fit int32
     with pytest.raises(InputError, match="takes 2 arguments, got 1"):
         tuned(x)
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("mode", ["search", "none", "cheap"])
+def test_the_search_recomputes_as_the_mode_allows(mode: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.models import bn_cnn
+
+    zm = bn_cnn(32)  # 49.6 MiB without a plan; recompute only fits 44 MiB
+    tuned = autotune.fit(
+        zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=128, gpu_memory="44MiB",
+        safety_ratio=1.0, trials=8, out=tmp_path, recompute=mode,
+    )  # fmt: skip
+    d = tuned.to_dict()
+    only = d["methods"]["recompute only"]
+    assert only["fits"] and only["params"]["n_tensors"] == 0 and only["overhead"] > 1
+    modes = {t.user_attrs["plan_params"]["recompute"] for t in tuned.study.trials}
+    assert modes == ({"none", "cheap"} if mode == "search" else {mode})
+    assert d["recomputed_tensors"] == len(tuned.plan.recomputes)
+    assert (d["recomputed_tensors"] > 0) == (d["recompute_seconds"] > 0)
+    assert d["recomputed_tensors"] == 0 or mode != "none"
+    if mode == "search":  # recompute only is one of its warm starts
+        assert d["predicted_overhead"] <= only["overhead"]
+    assert d["baseline_step_seconds"] <= d["time_bound_seconds"] <= d["predicted_step_seconds"]

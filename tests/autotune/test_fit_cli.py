@@ -37,6 +37,10 @@ def test_fit_json_and_report_files(tmp_path: Path) -> None:
         assert out[key] is not None
     assert out["tuning_seconds"] > 0 and out["batch_size"] == 256
     assert out["predicted_peak_bytes"] <= out["budget_bytes"] < out["baseline_peak_bytes"]
+    assert out["baseline_step_seconds"] <= out["time_bound_seconds"]
+    assert out["time_bound_seconds"] <= out["predicted_step_seconds"]
+    # a cheap chain makes nothing of tiny-cnn's again
+    assert out["recomputed_tensors"] == 0 == out["recompute_seconds"]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["params"] == out["params"]
     plan = json.loads((tmp_path / "plan.json").read_text())
@@ -73,7 +77,8 @@ def test_max_batch_json_has_every_baseline(tmp_path: Path) -> None:
     out = cli_json("fit", *TINY, "--max-batch", "--trials", "8", "--out", str(tmp_path))
     assert out["max_batch_tuned"] == out["batch_size"] > out["max_batch_no_swap"] > 0
     assert set(out["baselines"]) == {
-        "no swapping", "original defaults", "original auto-tuner", "random search"
+        "no swapping", "recompute only", "original defaults", "original auto-tuner",
+        "random search",
     }  # fmt: skip
     for b in out["baselines"].values():
         assert b["max_batch"] >= 0 and "overhead" in b
@@ -109,6 +114,7 @@ def test_table_output_and_a_model_from_the_users_file(tmp_path: Path) -> None:
         (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "0"], "positive integer"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "-2"], "positive integer"),
         (["--model", "tiny-cnn"], "--batch-size B or --max-batch"),
+        (["--model", "tiny-cnn", "--batch-size", "8", "--recompute", "often"], "invalid choice"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--gpu-memory", "lots"], "size"),
         (["--model", "nofile.py:build", "--batch-size", "8"], "does not exist"),
         (

@@ -23,6 +23,7 @@ from autotune.search.core import (
     stop_when_fits,
 )
 from simulator.derive import PlanParams
+from simulator.errors import UserError
 
 RESULTS = Path(__file__).parents[2] / "results" / "simulator_accuracy.json"
 
@@ -52,13 +53,29 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     space = Space(candidates=20, levels=300)
     trial = optuna.trial.FixedTrial(
         {"n_tensors": 20, "lb": 40, "ub": 7, "threshold": 3, "groupby": 2, "trigger": "chain_rule",
-         "sync_out": True, "serialize": True}
+         "sync_out": True, "serialize": True, "recompute": "cheap", "recompute_ops": 3}
     )  # fmt: skip
     p = space.suggest(trial)
     assert (p.n_tensors, p.lb, p.ub, p.threshold, p.groupby) == (-1, 7, 40, 3, 2)
     assert p.trigger == "chain_rule" and p.sync_out and p.serialize
+    assert (p.recompute, p.recompute_ops) == ("cheap", 3)
     assert space.of_params(p)["serialize"] is True
     assert space.least_memory()["serialize"] is True and space.defaults()["serialize"] is False
+
+
+def test_a_fixed_recompute_mode_is_not_searched() -> None:
+    swap = {"n_tensors": 5, "lb": 1, "ub": 2, "threshold": 1, "groupby": 0,
+            "trigger": "direct_order", "sync_out": False, "serialize": False}  # fmt: skip
+    never = Space(20, 300, "none").suggest(optuna.trial.FixedTrial(swap))
+    assert never.recompute == "none"
+    always = Space(20, 300, "cheap").suggest(optuna.trial.FixedTrial({**swap, "recompute_ops": 2}))
+    assert (always.recompute, always.recompute_ops) == ("cheap", 2)
+    searched = Space(20, 300).starts()
+    assert [s["recompute"] for s in searched] == ["none", "none", "cheap", "cheap"]
+    assert searched[-1]["n_tensors"] == 0  # recompute only
+    assert [s["recompute"] for s in Space(20, 300, "none").starts()] == ["none", "none"]
+    with pytest.raises(UserError, match="recompute must be one of"):
+        Space(20, 300, "sometimes")
 
 
 @pytest.mark.parametrize("limit", [1, 2, 37, 99, 100])
@@ -192,8 +209,9 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     original = original_autotuner(engine, budget)
     assert original.best is not None
     out = run_study(engine, budget, in_memory_study("tpe", 3), 6, starts=(original.best.params,))
-    third = PlanParams.from_dict(out.study.trials[2].user_attrs["plan_params"])
-    assert engine.evaluate(third).plan == original.best.plan
+    after = len(Space.of(engine).starts())  # the defaults, the least-memory plans, recompute only
+    picked = PlanParams.from_dict(out.study.trials[after].user_attrs["plan_params"])
+    assert engine.evaluate(picked).plan == original.best.plan
     assert out.best is not None and out.best.step_seconds <= original.best.step_seconds
 
 

@@ -14,6 +14,7 @@ from rewriter.apply import apply_plan  # noqa: E402
 from simulator import compile_program, simulate_memory, simulate_plan  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
+from tests.models import bn_cnn  # noqa: E402
 from tests.twins import assert_same_state  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -22,26 +23,9 @@ GPT2 = {"layers_": 2, "heads": 2, "width": 16, "vocab": 50, "context": 16}
 CASES = {"tiny-transformer": ({}, 4), "gpt2-small": (GPT2, 2), "bn-cnn": ({}, 8)}
 
 
-def _bn_cnn():  # type: ignore[no-untyped-def]
-    """Convolution, batch norm, ReLU, three times: as in ResNet, each ReLU output can be made
-    again from its convolution's output by the batch norm's application and the ReLU."""
-    import keras
-    from keras import layers
-
-    from autotune.zoo import ZooModel
-
-    keras.utils.set_random_seed(3)
-    x = inp = keras.Input((16, 16, 3))
-    for filters in (8, 8, 16):
-        x = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same")(x)))
-    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01, momentum=0.9))
-
-
 def _captured(model: str):  # type: ignore[no-untyped-def]
     sizes, batch = CASES[model]
-    built = _bn_cnn() if model == "bn-cnn" else get_entry(model).build(seed=3, **sizes)
+    built = bn_cnn() if model == "bn-cnn" else get_entry(model).build(seed=3, **sizes)
     return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch)
 
 

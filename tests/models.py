@@ -1,0 +1,18 @@
+"""Small Keras models built for tests (the zoo's are in autotune.zoo)."""
+
+
+def bn_cnn(side: int = 16):  # type: ignore[no-untyped-def]
+    """Convolution, batch norm, ReLU, three times: as in ResNet, each ReLU output can be made
+    again from its convolution's output by the batch norm's application and the ReLU."""
+    import keras
+    from keras import layers
+
+    from autotune.zoo import ZooModel
+
+    keras.utils.set_random_seed(3)
+    x = inp = keras.Input((side, side, 3))
+    for filters in (8, 8, 16):
+        x = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same")(x)))
+    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01, momentum=0.9))
