@@ -181,6 +181,8 @@ def resolve_model(spec: str, *, cube: int | None = None, seed: int = 0) -> ZooMo
         return get_entry(spec).build(cube=cube, seed=seed)
     build = _load_function(path, func)
     result = _users(spec, build)
+    if isinstance(result, ZooModel):
+        return result
     if isinstance(result, tuple) and len(result) == 3:
         return ZooModel(*result)
     loss, optimizer = getattr(result, "loss", None), getattr(result, "optimizer", None)

@@ -33,6 +33,21 @@ def test_default_plan_saves_memory_as_predicted(model: str, batch: int) -> None:
     assert out["params"]["n_tensors"] == -1 and out["params"]["lb"] == 1
 
 
+def test_a_recompute_plan_lowers_the_measured_peak_as_predicted() -> None:
+    # recompute only: every ReLU output of bn_cnn is freed after the forward pass and made
+    # again from its convolution's output just before the backward pass reads it
+    args = ("verify", "--model", "tests/models.py:bn_cnn", "--batch-size", "256")
+    plan = ("--n-tensors", "0", "--recompute", "cheap", "--recompute-ops", "8")
+    runs = [cli_json(*args, *plan) for _ in range(3)]
+    out = sorted(runs, key=lambda r: r["measured_peak_bytes"])[1]
+    assert out["params"]["n_tensors"] == 0 and out["recomputed_tensors"] == 3
+    predicted = 1 - out["predicted_peak_bytes"] / out["baseline_predicted_peak_bytes"]
+    measured = 1 - out["measured_peak_bytes"] / out["baseline_measured_peak_bytes"]
+    assert predicted > 0.05 and measured > 0.05, (predicted, measured)
+    assert abs(out["error_percent"]) <= 15.0, [r["error_percent"] for r in runs]
+    assert all(r["swap_ops_executed"] == r["swap_ops"] > 0 for r in runs)  # the copies ran
+
+
 def test_gpu_memory_limit_without_a_gpu_says_so_and_runs_emulated() -> None:
     from tests.autotune.cli_helpers import run_cli
 
