@@ -2,7 +2,8 @@
 
 Stages: simulator accuracy (predicted against measured on the CPU, and Grappler's estimate),
 swap plans at one large batch, the largest batch and cube per method on the NVLink and PCIe
-presets, what order edges save when the step runs (measured), a full tuning report for
+presets, what recomputing beside swapping buys against the time bound, what order edges save
+when the step runs (measured), a full tuning report for
 ResNet-50 (`fit --max-batch`), then `README.md`, whose numbers are read from the files those
 stages wrote. `--quick` runs tiny models only (CI-sized) and
 writes to `results/quick` unless `--out` says otherwise.
@@ -43,6 +44,12 @@ def _max_batch(out: Path, quick: bool) -> None:
     max_batch.main(["--out", str(out), "--trials", "10" if quick else "50"] + ["--quick"] * quick)
 
 
+def _recompute(out: Path, quick: bool) -> None:
+    from autotune.benchmarks import recompute
+
+    recompute.main(["--out", str(out), "--trials", "10" if quick else "50"] + ["--quick"] * quick)
+
+
 def _order_edges(out: Path, quick: bool) -> None:
     from autotune.benchmarks import order_edges
 
@@ -70,6 +77,7 @@ STAGES: dict[str, Callable[[Path, bool], None]] = {
     "simulator accuracy": _accuracy,
     "swap plans": _swap_plans,
     "largest batch per method": _max_batch,
+    "recompute beside swapping": _recompute,
     "order edges measured": _order_edges,
     "tuning report": _report,
 }
@@ -115,6 +123,7 @@ def readme(out: Path, seconds: dict[str, float], quick: bool) -> str:
         *_plans_section(_load(out / "swap_plans.json")),
         *_papers_section(_load(out / "max_batch.json")),
         *_batch_section(_load(out / "max_batch.json")),
+        *_recompute_section(_load(out / "recompute.json")),
         *_edges_section(_load(out / "order_edges.json")),
         *_report_section(out),
     ]
@@ -201,9 +210,9 @@ def _batch_section(tables: Any) -> list[str]:
         "inside; 'lower bound' is the largest "
         "that any plan could fit (resident bytes plus the largest single-op working set).",
         "",
-        "| model | device | no swap | defaults | original auto-tuner | random | ours | bound "
-        "| ours: x no swap, overhead | search (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | device | no swap | recompute only | defaults | original auto-tuner | random "
+        "| ours | bound | ours: x no swap, overhead (time bound) | search (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in tables:
         by = {r["method"]: r for r in t["rows"]}
@@ -211,8 +220,41 @@ def _batch_section(tables: Any) -> list[str]:
         cells = [str(by[m]["max"]) for m in by]
         lines.append(
             f"| {t['model']} | {t['device']} | " + " | ".join(cells) + f" | "
-            f"{ours['ratio']:.2f}x at {_x(ours['overhead'])} time | {t['seconds']:.0f} |"
+            f"{ours['ratio']:.2f}x at {_x(ours['overhead'])} time "
+            f"({_x(ours.get('time_bound'))}) | {t['seconds']:.0f} |"
         )
+    return [*lines, ""]
+
+
+def _recompute_section(tables: Any) -> list[str]:
+    """Per model and device: each method's largest size and its overhead there, and the time
+    bound at the swap-only largest size."""
+    if not tables:
+        return []
+    from autotune.benchmarks.recompute import MODES
+
+    lines = [
+        "## Recompute beside swapping (simulated): `recompute.md`",
+        "",
+        "Swap only (ours without recomputes), recompute only (no swapping) and swap + recompute "
+        "(ours, recomputes searched): the largest size each fits, and at the swap-only largest "
+        "size each one's overhead and the time bound (the least overhead any plan could reach "
+        "there). Overhead against size: `recompute.png`.",
+        "",
+        "| model | device | largest: "
+        + ", ".join(MODES)
+        + " | at the swap-only largest: "
+        + ", ".join(MODES)
+        + ", time bound |",
+        "|---|---|---|---|",
+    ]
+    for t in tables:
+        largest = ", ".join(str(t["largest"][m]) for m in MODES)
+        at = next((r for r in t["rows"] if "swap only" in r["largest of"]), None)
+        there = "n/a"
+        if at is not None:
+            there = f"{at['size']}: " + ", ".join(_x(at[m]) for m in [*MODES, "time bound"])
+        lines.append(f"| {t['model']} | {t['device']} | {largest} | {there} |")
     return [*lines, ""]
 
 

@@ -2,13 +2,13 @@
 
 Run `python -m autotune.benchmarks.max_batch [--trials 50] [--out results]`. For each device preset
 (the papers' V100 with NVLink 2.0, and a V100 on PCIe Gen3 with a five times slower link) and each
-method (no swapping, the original tool's defaults, its auto-tuner, random search, ours) it prints
-the largest batch (ResNet-50, GPT-2 small) or cube edge (the zoo's 3D U-Net and the papers'
-Isensee 2017 U-Net, batch 1) whose predicted peak fits the
-default budget (safety ratio x 16 GiB), the predicted overhead there, the overhead at a batch
-every swapping method fits, and the search's wall time. Batch models' graphs come from two
-captures (affine family); 3D U-Net graphs are captured per cube edge (sizes grow with its cube).
-Everything here is simulated.
+method (no swapping, recompute only, the original tool's defaults, its auto-tuner, random search,
+ours) it prints the largest batch (ResNet-50, GPT-2 small) or cube edge (the zoo's 3D U-Net and
+the papers' Isensee 2017 U-Net, batch 1) whose predicted peak fits the default budget (safety
+ratio x 16 GiB), the predicted overhead there, the time bound there (the least overhead any
+plan could reach, `simulator.bounds`), the overhead at a size every swapping method fits, and
+the search's wall time. Batch models' graphs come from two captures (affine family); 3D U-Net
+graphs are captured per cube edge (sizes grow with its cube). Everything here is simulated.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from autotune.search.batching import (
     METHODS,
+    SWAPPING,
     BatchSearch,
     CapturedSteps,
     StepFamily,
@@ -90,14 +91,24 @@ def _cubes(case: Case, device: Any) -> CapturedSteps:
 def _common_overheads(
     steps: Steps, found: dict[str, BatchSearch], budget: Budget, trials: int, seed: int
 ) -> tuple[int, dict[str, float | None]]:
-    """Each swapping method's overhead at the largest size all of them fit."""
-    sizes = [found[m].batch for m in METHODS if m != "no swapping" and found[m].batch]
+    """Each method's overhead at the largest size all swapping methods fit."""
+    sizes = [found[m].batch for m in SWAPPING if found[m].batch]
     common = min(sizes) if sizes else 0
     out: dict[str, float | None] = {}
     for m in METHODS[1:]:
         o = method_at(steps, m, common, budget, trials, seed) if common else None
         out[m] = o.best.overhead if o is not None and o.best is not None else None
     return common, out
+
+
+def _bound(steps: Steps, size: int, budget: Budget) -> float | None:
+    """The time bound at `size` as an overhead (None where no plan fits, or at size 0)."""
+    if not size:
+        return None
+    engine = steps.engine(size)
+    bound = engine.time_bound(budget.bytes)
+    base = engine.timeline.baseline_seconds if engine.timeline else None
+    return bound / base if bound is not None and base else None
 
 
 def _rows(
@@ -117,6 +128,7 @@ def _rows(
                 "ratio": b.batch / base,
                 "overhead": b.summary()["overhead"],
                 "overhead_at_common": at_common.get(m, 1.0),
+                "time_bound": _bound(steps, b.batch, budget),
                 "params": b.summary()["params"],
                 "seconds": b.seconds,
             }
@@ -129,6 +141,7 @@ def _rows(
             "ratio": ceiling / base,
             "overhead": None,
             "overhead_at_common": None,
+            "time_bound": None,
             "params": None,
             "seconds": 0.0,
         }
@@ -189,14 +202,15 @@ def _markdown(t: dict[str, Any]) -> str:
         f"Paper: {PAPER.get(t['model'], 'n/a')}. Search wall time {t['seconds']:.1f} s "
         f"(captures {t['capture_seconds']:.1f} s).",
         "",
-        f"| method | largest {unit} | x no swap | overhead there | overhead at {unit} "
-        f"{t['common']} | search (s) |",
-        "|---|---|---|---|---|---|",
+        f"| method | largest {unit} | x no swap | overhead there | time bound there | "
+        f"overhead at {unit} {t['common']} | search (s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in t["rows"]:
         lines.append(
             f"| {r['method']} | {r['max']} | {r['ratio']:.2f} | {_fmt(r['overhead'], '.3f')} | "
-            f"{_fmt(r['overhead_at_common'], '.3f')} | {r['seconds']:.1f} |"
+            f"{_fmt(r.get('time_bound'), '.3f')} | {_fmt(r['overhead_at_common'], '.3f')} | "
+            f"{r['seconds']:.1f} |"
         )
     if t["unit"] == "cube edge":
         base = t["rows"][0]["max"] or 1

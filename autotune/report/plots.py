@@ -5,7 +5,9 @@ that returns the figure and never saves it (smoke-tested with the Agg backend).
   the lower bound and the swap marks; host bytes below;
 - time view: compute, the two copy streams and the stalls, before and after;
 - the search: Optuna's own optimization history, parameter importances and Pareto front;
-- largest batch: predicted peak against batch size, without swapping and with the tuned plan;
+- largest batch: predicted peak against batch size, without swapping and with the tuned plan,
+  and the tuned plan's overhead against the time bound;
+- overhead curves (results/recompute.md): each method's overhead against batch size;
 - verification: measured against predicted peak.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,10 +30,12 @@ if TYPE_CHECKING:
 __all__ = [
     "MemoryTimeline",
     "TimeView",
+    "OverheadCurve",
     "batch_curve",
     "memory_timeline",
     "render_batch_curve",
     "render_memory_timeline",
+    "render_overhead_curves",
     "render_search",
     "render_time_view",
     "render_verification",
@@ -206,6 +210,10 @@ class BatchCurve:
     budget_bytes: int
     max_no_swap: int
     max_tuned: int
+    #: the tuned parameters' overhead where they fit the budget (None elsewhere), and the time
+    #: bound (None where no plan fits or without the time model)
+    overhead: list[float | None] = field(default_factory=list)
+    bound: list[float | None] = field(default_factory=list)
 
 
 def batch_curve(
@@ -221,19 +229,26 @@ def batch_curve(
 
     top = max(max_tuned, max_no_swap, 2)
     grid = sorted({max(2, round(top * 1.15 * i / (points - 1))) for i in range(points)})
-    none, tuned = [], []
+    none, tuned, overhead, bound = [], [], [], []
     for b in grid:
         engine = engine_at(b)
-        none.append(engine.evaluate(PlanParams(n_tensors=0)).peak_bytes)
-        tuned.append(engine.evaluate(params).peak_bytes)
-    return BatchCurve(grid, none, tuned, budget_bytes, max_no_swap, max_tuned)
+        bare = engine.evaluate(PlanParams(n_tensors=0))
+        ev = engine.evaluate(params)
+        none.append(bare.peak_bytes)
+        tuned.append(ev.peak_bytes)
+        overhead.append(ev.overhead if ev.peak_bytes <= budget_bytes else None)
+        limit = engine.time_bound(budget_bytes)
+        base = bare.step_seconds
+        bound.append(limit / base if limit is not None and base else None)
+    return BatchCurve(grid, none, tuned, budget_bytes, max_no_swap, max_tuned, overhead, bound)
 
 
 def render_batch_curve(data: BatchCurve) -> Figure:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
-    ax = fig.subplots()
+    timed = any(x is not None for x in data.overhead)
+    fig = Figure(figsize=(8, 7.5 if timed else 4.5), layout="constrained")
+    ax, *below = fig.subplots(2 if timed else 1, 1, sharex=True, squeeze=False)[:, 0]
     ax.plot(data.batches, np.asarray(data.no_swap) / GIB, "o-", color="0.5", label="no swapping")
     ax.plot(data.batches, np.asarray(data.tuned) / GIB, "o-", color="C0", label="tuned plan")
     ax.axhline(data.budget_bytes / GIB, color="C3", ls="--", label="budget")
@@ -243,6 +258,57 @@ def render_batch_curve(data: BatchCurve) -> Figure:
     ax.set_ylabel("predicted peak (GiB)")
     ax.set_title("Predicted peak against batch size")
     ax.legend(fontsize="small")
+    if below:
+        _overhead_axes(below[0], data.batches, {"tuned plan": data.overhead}, data.bound)
+        below[0].set_xlabel("batch size")
+    return fig
+
+
+@dataclass(frozen=True)
+class OverheadCurve:
+    """Each method's predicted overhead per size (None where it fits no plan), the time bound
+    per size, and each method's largest size."""
+
+    title: str
+    unit: str
+    sizes: list[int]
+    overheads: dict[str, list[float | None]]
+    bound: list[float | None]
+    largest: dict[str, int]
+
+
+def _overhead_axes(
+    ax: Any,
+    sizes: list[int],
+    overheads: dict[str, list[float | None]],
+    bound: list[float | None],
+) -> None:
+    for i, (name, values) in enumerate(overheads.items()):
+        ys = [np.nan if v is None else v for v in values]
+        ax.plot(sizes, ys, "o-", color=f"C{i}", label=name)
+    ax.plot(sizes, [np.nan if v is None else v for v in bound], "k--", label="time bound")
+    ax.set_ylabel("predicted overhead (x no-swap step time)")
+    ax.legend(fontsize="small")
+
+
+def render_overhead_curves(curves: list[OverheadCurve]) -> Figure:
+    """One panel per curve: overhead against size per method, the time bound dashed, each
+    method's largest size dotted."""
+    from matplotlib.figure import Figure
+
+    cols = 2 if len(curves) > 1 else 1
+    rows = (len(curves) + cols - 1) // cols
+    fig = Figure(figsize=(6.5 * cols, 4.2 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, c in zip(axes, curves):
+        _overhead_axes(ax, c.sizes, c.overheads, c.bound)
+        for i, name in enumerate(c.overheads):
+            if c.largest.get(name):
+                ax.axvline(c.largest[name], color=f"C{i}", ls=":", lw=1)
+        ax.set_title(c.title, fontsize="medium")
+        ax.set_xlabel(c.unit)
+    for ax in axes[len(curves) :]:
+        ax.set_visible(False)
     return fig
 
 

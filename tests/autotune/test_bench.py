@@ -14,7 +14,7 @@ pytestmark = pytest.mark.tf
 def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) -> None:
     out = run_cli("bench", "--quick", "--out", str(tmp_path), timeout=900)
     assert out.returncode == 0, out.stderr
-    for name in ("simulator_accuracy", "swap_plans", "max_batch", "order_edges"):
+    for name in ("simulator_accuracy", "swap_plans", "max_batch", "recompute", "order_edges"):
         assert (tmp_path / f"{name}.md").stat().st_size > 0
         assert (tmp_path / f"{name}.json").stat().st_size > 0
     report = tmp_path / "report_tiny-cnn"
@@ -25,6 +25,19 @@ def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) 
         head = f"| {table['model']} | {table['device']} |"
         row = next(line for line in readme.splitlines() if line.startswith(head))
         assert f"| {ours['max']} |" in row
+    assert (tmp_path / "recompute.png").stat().st_size > 0
+    for table in json.loads((tmp_path / "recompute.json").read_text()):
+        largest = table["largest"]
+        row = next(
+            line
+            for line in readme.splitlines()
+            if line.startswith(f"| {table['model']} | {table['device']} | {largest['swap only']}, ")
+        )
+        sizes = [r["size"] for r in table["rows"]]
+        assert sizes == sorted(sizes) and largest["swap only"] in sizes
+        for r in table["rows"]:  # every method fits where it is the largest size of
+            assert all(r[m] >= r["time bound"] * (1 - 1e-9) for m in r["largest of"])
+        assert f"| {largest['swap only']}: " in row
     summary = json.loads((report / "summary.json").read_text())
     assert f"largest batch {summary['max_batch_tuned']}" in readme
     plans = json.loads((tmp_path / "swap_plans.json").read_text())
