@@ -72,6 +72,9 @@ class PlanParams:
     exclude_scopes: tuple[str, ...] = ()
     recompute: str = "none"
     recompute_ops: int = 5  # a batch norm's application and its activation
+    #: with a time model, move swap-ins earlier while the live bytes stay within this many
+    #: bytes (`simulator.prefetch`; 0: never)
+    prefetch_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.n_tensors < -1:
@@ -84,6 +87,8 @@ class PlanParams:
             raise UserError(f"trigger must be one of {', '.join(TRIGGER_STRATEGIES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}")
+        if self.prefetch_bytes < 0:
+            raise UserError(f"prefetch_bytes must be 0 (off) or more, got {self.prefetch_bytes}")
         if self.recompute_ops < 1:
             raise UserError(f"recompute_ops must be at least 1, got {self.recompute_ops}")
 

@@ -40,6 +40,8 @@ from simulator.derive import (
 from simulator.memory import paused_gc
 from simulator.opsemantics import fused_together
 from simulator.order_edges import Edge, find_order_edges
+from simulator.prefetch import prefetch
+from simulator.timing import Link
 
 __all__ = ["Engine", "Evaluation"]
 
@@ -185,6 +187,18 @@ class Engine:
         made = sum(r.nbytes for r in recomputes)
         return bare.result.memory.live_peak_bytes, made, min(rates, default=0.0)
 
+    def _prefetched(self, plan: SwapPlan, limit: int, link: Link) -> SwapPlan:
+        """`plan` with swap-ins moved earlier where its live bytes leave room under `limit`."""
+        assert self.timeline is not None
+        first = simulate_plan(self.program, self.graph, plan, timeline=self.timeline, link=link)
+        memory = first.memory
+        live = memory.trace.live_by_step(len(self.order.ops), memory.persistent_bytes)
+        pos = self.order.position
+        start = min(
+            (pos[n] for n in self.context.backward if self.graph.predecessors(n)), default=0
+        )
+        return prefetch(self.graph, self.timeline, plan, live, limit, link, start)
+
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""
         return BFCModel(allow_growth=self.device is None)
@@ -204,6 +218,8 @@ class Engine:
             plan = derive_plan(self.context, params)
             if self.edges:
                 plan = replace(plan, order_edges=self.edges)
+            if params.prefetch_bytes and plan.swaps and link and self.timeline:
+                plan = self._prefetched(plan, params.prefetch_bytes, link)
             result = simulate_plan(
                 self.program,
                 self.graph,

@@ -2,7 +2,8 @@
 
 Ops run one after another in the schedule, each taking its cost. A swap-out is queued on the
 device→host stream when its producer ends; a swap-in is queued on the host→device stream when
-its trigger ends (and not before its swap-out finished); an op that reads a swapped-in copy waits
+its trigger ends (and not before its swap-out finished), those of one trigger in the order of
+their readers; an op that reads a swapped-in copy waits
 for that copy to arrive, and the wait is a stall. Under a synchronized swap-out, the tensor's
 other readers wait for the swap-out to finish. Transfers overlap compute. Ops a plan re-runs
 (`Recompute`) run on the compute stream right after their trigger, taking their own cost again.
@@ -180,6 +181,10 @@ def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
             for c in dict.fromkeys(graph.tensors[swap.tensor].consumers):
                 if c not in rerouted:
                     waits.setdefault(pos[c], []).append((swap.tensor, -1))
+    needed = {(s.tensor, k): min(pos[c] for c in x.consumers) for s in plan.swaps
+              for k, x in enumerate(s.swap_ins)}  # fmt: skip
+    for queue in ins.values():  # copies one trigger starts go in the order they are needed
+        queue.sort(key=lambda q: needed[q[0], q[1]])
     return outs, ins, waits
 
 

@@ -3,15 +3,17 @@
 A trial proposes `n_tensors`, `lb`, `ub`, `threshold` (how far a reader must lie to swap),
 `groupby` (fusion distance of swap-ins), the trigger strategy and whether swap-outs are
 synchronized (`sync_out`, which keeps the forward pass from outrunning the link) and whether
-order edges reorder the backward pass (`serialize`: not the original tool's, so its
-baselines never use it; random search draws it from the same space), and, unless the run fixes
-it (`recompute`: "none" or "cheap" instead of the default "search"), whether cheap element-wise
-tensors are recomputed instead of swapped and how long their chains may be; the engine derives
-the plan and simulates it. "Predicted peak <= budget" is an Optuna constraint and the
-predicted step time the objective (or peak and time as two objectives, Pareto front kept). The
-study is warm-started with the original tool's defaults and with what its auto-tuner picks, so
-it can only improve on them, and with the plan that saves the most memory (with and without
-recomputes), so that a budget that can be met is met early.
+order edges reorder the backward pass (`serialize`: not the original tool's, so its baselines
+never use it; random search draws it from the same space), and, unless the run fixes it
+(`recompute`: "none" or "cheap" instead of the default "search"), whether cheap element-wise
+tensors are recomputed instead of swapped and how long their chains may be, and whether swap-ins
+are moved earlier where the memory has room (`prefetch`, with the share of the budget the live
+bytes may then reach, `simulator.prefetch`); the engine derives the plan and simulates it.
+"Predicted peak <= budget" is an Optuna constraint and the predicted step time the objective (or
+peak and time as two objectives, Pareto front kept). The study is warm-started with the original
+tool's defaults and with what its auto-tuner picks, so it can only improve on them, and with the
+plan that saves the most memory (with and without recomputes), so that a budget that can be met
+is met early.
 
 The baselines run in the same engine against the same budget: no swapping, recompute only
 (checkpointing without swapping, as `tf.recompute_grad` does, here of cheap element-wise chains
@@ -104,6 +106,9 @@ class Budget:
 LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True)
 #: The recompute-only baseline: no swapping, every cheap chain recomputed.
 RECOMPUTE_ONLY = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS)
+#: The range of the share of the budget prefetched swap-ins may fill (of the live bytes: the
+#: allocator's peak is higher by its fragmentation)
+PREFETCH_SHARES = (0.7, 1.0)
 #: What a run lets the search do with recomputes: search whether (the default), or fix a mode.
 RECOMPUTE_CHOICES = ("search", *RECOMPUTE_MODES)
 
@@ -123,14 +128,17 @@ class Space:
     candidates: int
     levels: int
     recompute: str = "search"
+    #: the budget prefetching keeps the live bytes under a share of (0: no prefetch searched)
+    budget_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_recompute(self.recompute)
 
     @classmethod
-    def of(cls, engine: Engine, recompute: str = "search") -> Space:
+    def of(cls, engine: Engine, recompute: str = "search", budget_bytes: int = 0) -> Space:
         n = max(1, len(engine.context.candidates))
-        return cls(n, max(2, engine.order.n_levels), recompute)
+        timed = engine.timeline is not None and engine.device is not None
+        return cls(n, max(2, engine.order.n_levels), recompute, budget_bytes if timed else 0)
 
     def suggest(self, trial: Any) -> PlanParams:
         """The parameters a trial proposes; `lb` and `ub` are sampled alike and sorted; no
@@ -147,8 +155,15 @@ class Space:
             trigger=trial.suggest_categorical("trigger", list(TRIGGER_STRATEGIES)),
             sync_out=trial.suggest_categorical("sync_out", [False, True]),
             serialize=trial.suggest_categorical("serialize", [False, True]),
+            prefetch_bytes=self._suggest_prefetch(trial),
             **self._suggest_recompute(trial),
         )
+
+    def _suggest_prefetch(self, trial: Any) -> int:
+        if not self.budget_bytes or not trial.suggest_categorical("prefetch", [False, True]):
+            return 0
+        share = trial.suggest_float("prefetch_share", PREFETCH_SHARES[0], PREFETCH_SHARES[1])
+        return int(self.budget_bytes * share)
 
     def _fewest(self) -> int:
         return 1 if self.recompute == "none" else 0
@@ -177,7 +192,17 @@ class Space:
             "serialize": p.serialize,
             "recompute": p.recompute if self.recompute == "search" else self.recompute,
             "recompute_ops": min(p.recompute_ops, RECOMPUTE_MAX_OPS),
+            **self._prefetch_params(p),
         }
+
+    def _prefetch_params(self, p: PlanParams) -> dict[str, Any]:
+        if not self.budget_bytes:
+            return {}
+        if not p.prefetch_bytes:
+            return {"prefetch": False}
+        low, high = PREFETCH_SHARES
+        share = min(max(p.prefetch_bytes / self.budget_bytes, low), high)
+        return {"prefetch": True, "prefetch_share": share}
 
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
@@ -186,13 +211,19 @@ class Space:
 
     def starts(self) -> list[dict[str, Any]]:
         """A new study's first trials: the original defaults, the least-memory plan and, when
-        recomputes are searched, the least-memory plan with them and recompute only."""
+        recomputes are searched, the least-memory plan with them and recompute only; with a
+        time model, last, the least-memory plan (with recomputes unless the run forbids them)
+        with its swap-ins as early as the budget leaves room for."""
         out = [self.defaults(), self.least_memory()]
         if self.recompute == "search":
             cheap = replace(
                 LEAST_MEMORY_ORDERED, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS
             )
             out += [self.of_params(cheap), self.of_params(RECOMPUTE_ONLY)]
+        if self.budget_bytes:
+            mode = "none" if self.recompute == "none" else "cheap"
+            early = replace(LEAST_MEMORY_ORDERED, recompute=mode, prefetch_bytes=self.budget_bytes)
+            out.append(self.of_params(early))
         return out
 
     def defaults(self) -> dict[str, Any]:
@@ -282,7 +313,7 @@ def make_objective(
     engine: Engine, budget: Budget, objectives: int = 1, recompute: str = "search"
 ) -> Callable[[Any], float | tuple[float, float]]:
     """The Optuna objective: propose, derive, simulate; record the constraint on the trial."""
-    space = Space.of(engine, recompute)
+    space = Space.of(engine, recompute, budget.bytes)
 
     def objective(trial: Any) -> float | tuple[float, float]:
         if INTERRUPTED.is_set():
@@ -367,7 +398,7 @@ def run_study(
     start = time.perf_counter()
     complete = (optuna.trial.TrialState.COMPLETE,)
     if warm_start and not study.trials:
-        space = Space.of(engine, recompute)
+        space = Space.of(engine, recompute, budget.bytes)
         for params in (*space.starts(), *map(space.of_params, starts)):
             study.enqueue_trial(params)
     left = trials - len(study.get_trials(deepcopy=False, states=complete))

@@ -119,10 +119,14 @@ def budget_at(engine, share: float) -> Budget:  # type: ignore[no-untyped-def]
 
 @pytest.mark.tf
 def test_study_starts_from_the_original_defaults(engine) -> None:  # type: ignore[no-untyped-def]
-    out = run_study(engine, budget_at(engine, 0.6), in_memory_study("tpe", 0), 12)
+    budget = budget_at(engine, 0.6)
+    out = run_study(engine, budget, in_memory_study("tpe", 0), 12)
     first, second = out.study.trials[:2]
-    assert first.params == Space.of(engine).defaults()
-    assert second.params == Space.of(engine).least_memory()
+    space = Space.of(engine, budget_bytes=budget.bytes)
+    assert first.params == space.defaults()
+    assert second.params == space.least_memory()
+    early = out.study.trials[len(space.starts()) - 1]  # the least-memory plan, prefetched
+    assert early.params["prefetch"] and early.params["prefetch_share"] == 1.0, [t.params for t in out.study.trials[:6]]
     assert first.user_attrs["plan_params"] == PlanParams().to_dict() | {
         "ub": Space.of(engine).levels
     }
@@ -209,7 +213,7 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     original = original_autotuner(engine, budget)
     assert original.best is not None
     out = run_study(engine, budget, in_memory_study("tpe", 3), 6, starts=(original.best.params,))
-    after = len(Space.of(engine).starts())  # the defaults, the least-memory plans, recompute only
+    after = len(Space.of(engine, budget_bytes=budget.bytes).starts())  # the defaults, ...
     picked = PlanParams.from_dict(out.study.trials[after].user_attrs["plan_params"])
     assert engine.evaluate(picked).plan == original.best.plan
     assert out.best is not None and out.best.step_seconds <= original.best.step_seconds

@@ -1,0 +1,65 @@
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator import Graph, get_preset
+from simulator.derive import PlanParams, check_plan
+from simulator.engine import Engine
+from tests.simulator.builders import training_chain
+from tests.simulator.test_swap_properties import params, training_graphs
+
+JIT = PlanParams(ub=1, sync_out=True)
+
+
+def _engine(g: Graph, bandwidth: float) -> Engine:
+    slow = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=bandwidth)
+    return Engine.build(g, device=slow, cost=dict.fromkeys(g.ops, 1.0))
+
+
+def test_a_swap_in_with_room_is_triggered_early_enough_not_to_stall() -> None:
+    engine = _engine(training_chain(), 1024.0)  # a tensor crosses the link in an op's time
+    plain = engine.evaluate(JIT)
+    early = engine.evaluate(replace(JIT, prefetch_bytes=1 << 30))
+    triggers = {s.tensor: s.swap_ins[0].trigger for s in early.plan.swaps}
+    assert {s.tensor: s.swap_ins[0].trigger for s in plain.plan.swaps} == {
+        "f1:0": "gradient_tape/b2",
+        "f2:0": "gradient_tape/b3",
+    }
+    assert triggers == {"f1:0": "gradient_tape/b3", "f2:0": "gradient_tape/b3"}
+    assert early.step_seconds is not None and plain.step_seconds is not None
+    assert early.step_seconds < plain.step_seconds
+    check_plan(engine.graph, engine.order, early.plan)
+
+
+def test_without_room_the_swap_ins_stay_where_they_were() -> None:
+    engine = _engine(training_chain(), 1024.0)
+    plain = engine.evaluate(JIT)
+    live = plain.result.memory.trace.live_by_step(len(engine.order.ops), 0)
+    at_b3 = int(live[engine.order.position["gradient_tape/b3"]])
+    tight = engine.evaluate(replace(JIT, prefetch_bytes=at_b3 + 1024 - 1))  # f1 needs 1024 B
+    assert tight.plan.swaps == plain.plan.swaps
+    roomy = engine.evaluate(replace(JIT, prefetch_bytes=at_b3 + 1024))
+    assert roomy.plan.swaps != plain.plan.swaps
+
+
+def test_without_a_time_model_nothing_moves() -> None:
+    engine = Engine.build(training_chain())
+    plain = engine.evaluate(JIT)
+    assert engine.evaluate(replace(JIT, prefetch_bytes=1 << 30)).plan.swaps == plain.plan.swaps
+
+
+@settings(max_examples=150, deadline=None)
+@given(training_graphs(), params, st.floats(1e2, 1e6), st.integers(1, 1 << 20))
+def test_prefetched_plans_are_valid_and_only_ever_earlier(
+    g: Graph, p: PlanParams, bw: float, limit: int
+) -> None:
+    engine = _engine(g, bw)
+    plain = engine.evaluate(p).plan
+    early = engine.evaluate(replace(p, prefetch_bytes=limit)).plan
+    check_plan(g, engine.order, early)
+    pos = engine.order.position
+    assert [s.tensor for s in early.swaps] == [s.tensor for s in plain.swaps]
+    for a, b in zip(plain.swaps, early.swaps):
+        for x, y in zip(a.swap_ins, b.swap_ins, strict=True):
+            assert x.consumers == y.consumers and pos[y.trigger] <= pos[x.trigger]
