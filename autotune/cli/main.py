@@ -28,6 +28,7 @@ from autotune.cli.options import (
 from autotune.cli.output import print_fit, print_simulation, print_verification
 from autotune.search.core import INTERRUPTED
 from autotune.units import format_sized as _sized
+from simulator import PRESETS, get_preset
 from simulator.errors import UserError
 
 __all__ = ["main"]
@@ -72,6 +73,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from autotune.api import simulate_captured
 
     params, preset = plan_params(args), device_preset(args)
+    _check_prefetch(params, preset)
     captured = _capture_zoo(args)
     sim = simulate_captured(
         captured, schedule=args.schedule, device=preset, params=params, costs=args.costs
@@ -82,6 +84,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     print_simulation(args, sim, preset)
     return 0
+
+
+def _check_prefetch(params: Any, preset: Any) -> None:
+    if params is not None and params.prefetch_bytes and preset is None:
+        raise UsageError("--prefetch needs --device: it moves swap-ins by the time model")
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
@@ -106,6 +113,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from simulator.derive import PlanParams
 
     params = plan_params(args) or PlanParams()
+    preset = get_preset(args.device) if args.device else None
+    _check_prefetch(params, preset)
     limited = args.gpu_memory is not None and limit_gpu_memory(args.gpu_memory)
     dry_run = args.dry_run and not limited and _no_gpu()
     if dry_run:
@@ -116,7 +125,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "running on the emulated device",
             file=sys.stderr,
         )
-    v = verify_captured(_capture_zoo(args), params, steps=args.steps, dry_run=dry_run)
+    captured = _capture_zoo(args)
+    plan: Any = params
+    if preset is not None:  # derived with the preset's time model (prefetch needs it)
+        from autotune.api import build_engine
+
+        plan = build_engine(captured, preset).evaluate(params).plan
+    v = verify_captured(captured, plan, steps=args.steps, dry_run=dry_run)
     out = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -225,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "verify":
             add_plan_args(p)
             p.add_argument("--steps", type=positive_int, default=3, help="measured steps")
+            p.add_argument(
+                "--device",
+                choices=sorted(PRESETS),
+                help="derive the plan with this GPU preset's time model (needed by --prefetch)",
+            )
             p.add_argument(
                 "--dry-run",
                 action="store_true",

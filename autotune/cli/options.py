@@ -36,6 +36,7 @@ _PLAN_FLAGS = (
     "exclude_scopes",
     "recompute",
     "recompute_ops",
+    "prefetch_bytes",
 )
 
 
@@ -103,6 +104,13 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--recompute-ops", type=_int_at_least(1), help="ops a recompute may re-run (default 5)"
+    )
+    g.add_argument(
+        "--prefetch",
+        dest="prefetch_bytes",
+        type=size_arg,
+        help="with --device: move swap-ins earlier while the live bytes stay within this size, "
+        "e.g. 14GiB (default: off)",
     )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")

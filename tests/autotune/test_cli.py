@@ -28,6 +28,10 @@ def test_models_lists_the_zoo() -> None:
         ),
         (["simulate", "--model", "tiny-cnn", "--batch-size", "2", "--cube", "8"], "no cube"),
         (["frobnicate"], "invalid choice"),
+        (
+            ["simulate", "--model", "tiny-cnn", "--batch-size", "2", "--prefetch", "1GiB"],
+            "--prefetch needs --device",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
@@ -55,6 +59,9 @@ def test_simulate_json_bounds_the_time_of_a_plan_that_fits() -> None:
     assert out["peak_bytes"] <= 0.92 * (95 << 20) < out["baseline_peak_bytes"]
     assert out["baseline_step_seconds"] < out["time_bound_seconds"] <= out["step_seconds"]
     assert cli_json(*args)["time_bound_seconds"] is None  # no device, no time model
+    early = cli_json(*args, *plan, "--prefetch", "87MiB")
+    assert early["params"]["prefetch_bytes"] == 87 << 20
+    assert early["time_bound_seconds"] <= early["step_seconds"]
 
 
 @pytest.mark.tf

@@ -48,6 +48,15 @@ def test_a_recompute_plan_lowers_the_measured_peak_as_predicted() -> None:
     assert all(r["swap_ops_executed"] == r["swap_ops"] > 0 for r in runs)  # the copies ran
 
 
+def test_a_prefetched_plan_derived_for_a_preset_runs_every_swap_op() -> None:
+    out = cli_json(
+        "verify", "--model", "tiny-cnn", "--batch-size", "64", "--ub", "1", "--sync-out",
+        "--prefetch", "8GiB", "--device", "v100-16gb-nvlink2",
+    )  # fmt: skip
+    assert out["params"]["prefetch_bytes"] == 8 << 30
+    assert out["swap_ops_executed"] == out["swap_ops"] > 0 and out["fits"]
+
+
 def test_gpu_memory_limit_without_a_gpu_says_so_and_runs_emulated() -> None:
     from tests.autotune.cli_helpers import run_cli
 
