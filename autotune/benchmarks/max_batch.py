@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,15 +147,18 @@ def _rows(
             "seconds": 0.0,
         }
     )
+    return {**table_head(model, device, budget, scale), "common": common * scale,
+            "seconds": seconds, "rows": rows}  # fmt: skip
+
+
+def table_head(model: str, device: str, budget: Budget, scale: int) -> dict[str, Any]:
+    """What a results table is about: model, device, the unit of size, the budget."""
     return {
         "model": model,
         "device": device,
         "unit": "cube edge" if scale > 1 else "batch",
         "memory_bytes": budget.device_bytes,
         "ratio": budget.ratio,
-        "common": common * scale,
-        "seconds": seconds,
-        "rows": rows,
     }
 
 
@@ -165,23 +169,29 @@ def run(trials: int, seed: int, cases: tuple[Case, ...] = FULL) -> list[dict[str
     return tables
 
 
-def _run_case(trials: int, seed: int, case: Case) -> list[dict[str, Any]]:
+def case_steps(case: Case) -> Iterator[tuple[str, Budget, StepFamily, CapturedSteps, float]]:
+    """Per device of `case`: the budget, the batch model's steps (captured once: the presets
+    share the V100's compute, so its costs, and differ in their link), the cube model's steps,
+    and the batch model's capture seconds."""
     from simulator import get_preset
 
-    tables = []
     family, trace = None, 0.0
     for device in case.devices:
         preset = get_preset(device).with_overrides(memory_bytes=case.memory)
-        budget = Budget(preset.memory_bytes)
         if family is None:
             family, trace = _family(case, preset)
-        else:  # same V100 compute (same costs), another link
+        else:
             family = StepFamily(family.family, family.costs, preset, family.trace_seconds)
+        yield device, Budget(preset.memory_bytes), family, _cubes(case, preset), trace
+
+
+def _run_case(trials: int, seed: int, case: Case) -> list[dict[str, Any]]:
+    tables = []
+    for device, budget, family, cubes, trace in case_steps(case):
         table = _rows(case.batch_model, device, family, budget, trials, seed, 1)
         table["capture_seconds"] = trace
         tables.append(table)
         print(_markdown(table), flush=True)
-        cubes = _cubes(case, preset)
         table = _rows(case.cube_model, device, cubes, budget, trials, seed, case.cube_step)
         table["capture_seconds"] = cubes.trace_seconds
         tables.append(table)
@@ -223,14 +233,19 @@ def _markdown(t: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def search_args(description: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The options of a benchmark that searches: --trials, --seed, --out, --quick."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--trials", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results")
     p.add_argument("--quick", action="store_true", help="tiny models, one device (CI-sized)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = search_args(__doc__, argv)
     start = time.perf_counter()
     tables = run(args.trials, args.seed, QUICK if args.quick else FULL)
     out = Path(args.out)

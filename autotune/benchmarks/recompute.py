@@ -13,15 +13,13 @@ could reach there). Everything here is simulated, with Grappler's per-op costs.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from autotune.benchmarks.max_batch import DEVICES, Case, _cubes, _family
+from autotune.benchmarks.max_batch import DEVICES, Case, case_steps, search_args, table_head
 from autotune.search.batching import Steps, largest_batch, largest_possible, method_at
 from autotune.search.core import Budget
 from autotune.units import format_bytes
@@ -88,11 +86,7 @@ def table(
         r["largest of"] = [m for m in MODES if found[m] == r["size"]]
         r["size"] *= scale
     return {
-        "model": model,
-        "device": device,
-        "unit": "cube edge" if scale > 1 else "batch",
-        "memory_bytes": budget.device_bytes,
-        "ratio": budget.ratio,
+        **table_head(model, device, budget, scale),
         "largest": {m: n * scale for m, n in found.items()},
         "lower_bound": largest_possible(steps, budget) * scale,
         "rows": rows,
@@ -101,22 +95,12 @@ def table(
 
 
 def run(trials: int, seed: int, cases: tuple[Case, ...] = FULL) -> list[dict[str, Any]]:
-    from autotune.search.batching import StepFamily
-    from simulator import get_preset
-
     tables = []
     for case in cases:
-        family = None
-        for device in case.devices:
-            preset = get_preset(device).with_overrides(memory_bytes=case.memory)
-            budget = Budget(preset.memory_bytes)
-            if family is None:
-                family, _ = _family(case, preset)
-            else:  # same V100 compute (same costs), another link
-                family = StepFamily(family.family, family.costs, preset, family.trace_seconds)
+        for device, budget, family, cubes, _ in case_steps(case):
             for model, steps, scale in (
                 (case.batch_model, family, 1),
-                (case.cube_model, _cubes(case, preset), case.cube_step),
+                (case.cube_model, cubes, case.cube_step),
             ):
                 tables.append(table(model, device, steps, budget, trials, seed, scale))
                 print(markdown(tables[-1]), flush=True)
@@ -169,13 +153,7 @@ def curves(tables: list[dict[str, Any]]) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--trials", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results")
-    p.add_argument("--quick", action="store_true", help="tiny models, one device (CI-sized)")
-    args = p.parse_args(argv)
+    args = search_args(__doc__, argv)
     start = time.perf_counter()
     tables = run(args.trials, args.seed, QUICK if args.quick else FULL)
     out = Path(args.out)
