@@ -35,6 +35,7 @@ __all__ = [
     "RECOMPUTE_MAX_OPS",
     "check_plan",
     "derive_plan",
+    "merge_overlapping",
 ]
 
 #: Name scopes of the backward phase: TF2's GradientTape and TF1-style gradients.
@@ -205,8 +206,23 @@ def derive_plan(ctx: PlanContext, params: PlanParams) -> SwapPlan:
             swaps.append(swap)
     if recomputes:
         recomputes = _from_swap_ins(ctx, swaps, recomputes)
+    swaps = [merge_overlapping(s, ctx.order.position) for s in swaps]
     plan = SwapPlan(tuple(swaps), params.to_dict(), ctx.graph.name)
     return replace(plan, recomputes=tuple(recomputes)) if recomputes else plan
+
+
+def merge_overlapping(swap: Swap, pos: dict[str, int]) -> Swap:
+    """`swap` with each swap-in triggered before the previous copy's last reader merged into
+    that copy: two copies of one tensor would be live at once, one serves both groups of
+    readers with no more bytes live at any step, and the tensor crosses the link once less.
+    (Swap-in 0 keeps its index: a recompute may read it.)"""
+    merged: list[SwapIn] = []
+    for s in swap.swap_ins:
+        if merged and pos[s.trigger] <= max(pos[c] for c in merged[-1].consumers):
+            merged[-1] = SwapIn(merged[-1].trigger, merged[-1].consumers + s.consumers)
+        else:
+            merged.append(s)
+    return replace(swap, swap_ins=tuple(merged)) if len(merged) < len(swap.swap_ins) else swap
 
 
 def _from_swap_ins(

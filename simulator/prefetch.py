@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from simulator.derive import merge_overlapping
 from simulator.graph import Graph
 from simulator.opsemantics import SHAPE_ONLY
 from simulator.order import Order
@@ -68,7 +69,7 @@ def prefetch(
             room[q:t] += swap.nbytes
             moved[i, k] = order.ops[q]
         queued = max(queued, q)
-    return _with_triggers(plan, moved) if moved else plan
+    return _with_triggers(plan, moved, pos) if moved else plan
 
 
 def _latest_starts(
@@ -121,11 +122,16 @@ def _earliest(
     return best
 
 
-def _with_triggers(plan: SwapPlan, moved: dict[tuple[int, int], str]) -> SwapPlan:
+def _with_triggers(
+    plan: SwapPlan, moved: dict[tuple[int, int], str], pos: dict[str, int]
+) -> SwapPlan:
+    """`plan` with the triggers `moved`; copies of one tensor now live at once are merged."""
     swaps = []
     for i, swap in enumerate(plan.swaps):
         ins = tuple(
             SwapIn(moved.get((i, k), s.trigger), s.consumers) for k, s in enumerate(swap.swap_ins)
         )
-        swaps.append(replace(swap, swap_ins=ins) if ins != swap.swap_ins else swap)
+        if ins != swap.swap_ins:
+            swap = merge_overlapping(replace(swap, swap_ins=ins), pos)
+        swaps.append(swap)
     return replace(plan, swaps=tuple(swaps))

@@ -229,7 +229,8 @@ def test_warm_starts_add_the_autotuners_pick_on_the_step_with_order_edges(engine
     assert serialized is not engine and serialized.edges
     # the original search, run on the step with its order edges
     assert replace(ordered, serialize=False) == original_autotuner(serialized, budget).shown.params
-    assert engine.evaluate(ordered).peak_bytes <= budget.bytes
+    # it fits by the original's memory-only simulation (copies instant), as the original's does
+    assert engine.evaluate(ordered, timed=False).peak_bytes <= budget.bytes
 
 
 def test_a_cost_model_that_gives_no_time_leaves_the_time_model_off() -> None:
