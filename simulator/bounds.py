@@ -15,7 +15,9 @@ p, the host-to-device stream after it, and the step lasts at least S/d2h + S/h2d
 bytes, however well the copies overlap compute. Recomputing R bytes adds at least R times the
 cheapest recompute's seconds per byte to the one compute stream, which already runs the whole
 step's compute. The bound is the least, over every split of `over` into S + R (R no more than
-the plan family can recompute), of the larger of the two.
+the plan family can recompute), of the larger of the two. Memory counts allocations, rounded
+up; the link carries the tensors' own bytes, so `over` is first reduced by what the candidates'
+rounding adds (`Engine.time_bound`).
 """
 
 from __future__ import annotations

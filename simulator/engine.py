@@ -37,6 +37,7 @@ from simulator.derive import (
     PlanParams,
     derive_plan,
 )
+from simulator.heap import GRANULARITY, round_up
 from simulator.memory import paused_gc
 from simulator.opsemantics import fused_together
 from simulator.order_edges import Edge, find_order_edges
@@ -173,19 +174,26 @@ class Engine:
         recomputable = max(r[1] for r in rows)
         per_byte = min(r[2] for r in rows)
         compute = self.timeline.baseline_seconds
-        link = self.device.link
-        return time_bound_seconds(compute, peak - budget_bytes, link, recomputable, per_byte)
+        # memory counts allocations (rounded up), a link carries a tensor's own bytes: the
+        # candidates' rounding could fill this many of the bytes to remove with no transfer
+        over = peak - budget_bytes - self._rounding()
+        return time_bound_seconds(compute, over, self.device.link, recomputable, per_byte)
+
+    def _rounding(self) -> int:
+        """The bytes the candidate tensors' allocations hold beyond the tensors themselves."""
+        sizes = [self.graph.tensors[c.tensor].nbytes for c in self.context.candidates]
+        return sum(round_up(n, GRANULARITY) - n for n in sizes)
 
     def _bound_inputs(self) -> tuple[int, int, float]:
         """The live peak without a plan, the bytes the widest recompute plan frees, and the
-        least seconds per byte of its recomputes (0 when it has none)."""
+        least seconds per byte of its recomputes (0 when it has none), in allocated bytes."""
         bare = self.evaluate(PlanParams(n_tensors=0), allocator=False, timed=False)
         widest = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS)
         recomputes = self.evaluate(widest, allocator=False, timed=False).plan.recomputes
         cost = self.cost or {}
-        rates = (sum(cost.get(o, 0.0) for o in r.ops) / r.nbytes for r in recomputes)
-        made = sum(r.nbytes for r in recomputes)
-        return bare.result.memory.live_peak_bytes, made, min(rates, default=0.0)
+        sizes = [round_up(r.nbytes, GRANULARITY) for r in recomputes]
+        rates = (sum(cost.get(o, 0.0) for o in r.ops) / n for r, n in zip(recomputes, sizes))
+        return bare.result.memory.live_peak_bytes, sum(sizes), min(rates, default=0.0)
 
     def _prefetched(self, plan: SwapPlan, limit: int, link: Link) -> SwapPlan:
         """`plan` with swap-ins moved earlier where its live bytes leave room under `limit`."""
