@@ -204,9 +204,9 @@ def derive_plan(ctx: PlanContext, params: PlanParams) -> SwapPlan:
         swap = _swap(ctx, cand, params)
         if swap is not None:
             swaps.append(swap)
-    if recomputes:
+    if recomputes:  # a source's swap-in brought forward may now overlap the next copy
         recomputes = _from_swap_ins(ctx, swaps, recomputes)
-    swaps = [merge_overlapping(s, ctx.order.position) for s in swaps]
+        swaps = [merge_overlapping(s, ctx.order.position) for s in swaps]
     plan = SwapPlan(tuple(swaps), params.to_dict(), ctx.graph.name)
     return replace(plan, recomputes=tuple(recomputes)) if recomputes else plan
 
