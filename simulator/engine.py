@@ -10,6 +10,7 @@ again for a graph that lacks one of their ops).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -138,8 +139,18 @@ class Engine:
 
     def backward_level(self) -> int:
         """The first level of the backward pass: its first op that reads anything."""
-        levels = (self.order.level[n] for n in self.context.backward if self.graph.predecessors(n))
-        return min(levels, default=0)
+        return min((self.order.level[n] for n in self._backward_readers), default=0)
+
+    @functools.cached_property
+    def _backward_readers(self) -> tuple[str, ...]:
+        """The backward pass's ops that read anything."""
+        return tuple(n for n in self.context.backward if self.graph.predecessors(n))
+
+    @functools.cached_property
+    def _backward_start(self) -> int:
+        """The step of the backward pass's first op that reads anything."""
+        pos = self.order.position
+        return min((pos[n] for n in self._backward_readers), default=0)
 
     def _with_edges(self, edges: tuple[Edge, ...]) -> Engine:
         if not edges:
@@ -201,10 +212,7 @@ class Engine:
         first = simulate_plan(self.program, self.graph, plan, timeline=self.timeline, link=link)
         memory = first.memory
         live = memory.trace.live_by_step(len(self.order.ops), memory.persistent_bytes)
-        pos = self.order.position
-        start = min(
-            (pos[n] for n in self.context.backward if self.graph.predecessors(n)), default=0
-        )
+        start = self._backward_start
         return prefetch(self.graph, self.timeline, plan, live, limit, link, start)
 
     def allocator(self) -> BFCModel:
