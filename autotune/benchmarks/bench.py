@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autotune.search.core import DEFAULT_SAFETY_RATIO
 from autotune.units import format_bytes
 
 __all__ = ["run_bench"]
@@ -276,8 +277,8 @@ def _papers_section(tables: Any) -> list[str]:
         "",
         "The papers measured TFLMS on TensorFlow 1 on a real 16 GB V100 with NVLink 2.0; "
         "our figures are the simulator's, for TensorFlow 2.21's graph of the same model on the "
-        "`v100-16gb-nvlink2` preset with the default budget (0.92 x 16 GiB). TFLMS does not "
-        "run on TensorFlow 2, so the two tools were not run on one machine.",
+        f"`v100-16gb-nvlink2` preset with the default budget ({DEFAULT_SAFETY_RATIO:.2f} x 16 "
+        "GiB). TFLMS does not run on TensorFlow 2, so the two tools were not run on one machine.",
         "",
         "| model | papers | ours: no swap | ours: largest | ratio | overhead there |",
         "|---|---|---|---|---|---|",

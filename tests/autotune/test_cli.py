@@ -1,5 +1,6 @@
 import pytest
 
+from autotune.search.core import DEFAULT_SAFETY_RATIO
 from autotune.zoo import ZOO
 from tests.autotune.cli_helpers import cli_json, run_cli
 
@@ -56,7 +57,7 @@ def test_simulate_json_bounds_the_time_of_a_plan_that_fits() -> None:
     plan = ("--ub", "1", "--sync-out", "--device", "v100-16gb-nvlink2", "--gpu-memory", "95MiB",
             "--link-bandwidth", "1GB")  # fmt: skip
     out = cli_json(*args, *plan)
-    assert out["peak_bytes"] <= 0.92 * (95 << 20) < out["baseline_peak_bytes"]
+    assert out["peak_bytes"] <= DEFAULT_SAFETY_RATIO * (95 << 20) < out["baseline_peak_bytes"]
     assert out["baseline_step_seconds"] < out["time_bound_seconds"] <= out["step_seconds"]
     assert cli_json(*args)["time_bound_seconds"] is None  # no device, no time model
     early = cli_json(*args, *plan, "--prefetch", "87MiB")
