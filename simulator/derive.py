@@ -48,7 +48,8 @@ RECOMPUTE_MAX_OPS = 8
 #: candidate's bytes: smaller ones save little, and recomputed, their originals die early, so
 #: that chains for the large ones could not read them (a batch norm's scale, say)
 RECOMPUTE_SMALLEST = 64
-_NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
+#: op types never used as a swap-in trigger
+NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class PlanContext:
         backward = frozenset(n for n in graph.ops if _in_scopes(n, backward_scopes))
         by_level: list[list[str]] = [[] for _ in range(order.n_levels)]
         for name in order.ops:
-            if graph.ops[name].type not in _NOT_TRIGGERS:
+            if graph.ops[name].type not in NOT_TRIGGERS:
                 by_level[order.level[name]].append(name)
         ctx = cls(graph, order, backward, [], by_level)
         ctx.unswappable = unswappable_ops(graph)
@@ -381,7 +382,7 @@ def _chain_rule(ctx: PlanContext, cand: _Candidate, reader: str, params: PlanPar
                 continue
             seen.add(p)
             d = level[reader] - level[p]
-            if params.lb <= d <= params.ub and ctx.graph.ops[p].type not in _NOT_TRIGGERS:
+            if params.lb <= d <= params.ub and ctx.graph.ops[p].type not in NOT_TRIGGERS:
                 return p
             if d < params.ub:
                 queue.append(p)

@@ -26,16 +26,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.derive import merge_overlapping
+from simulator.derive import NOT_TRIGGERS, merge_overlapping
 from simulator.graph import Graph
-from simulator.opsemantics import SHAPE_ONLY
 from simulator.order import Order
 from simulator.plan import Swap, SwapIn, SwapPlan
 from simulator.timing import Link, Timeline
 
 __all__ = ["prefetch"]
-
-_NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
 
 def prefetch(
@@ -114,7 +111,7 @@ def _earliest(
     best, q = t, t - 1
     while q >= low and room[q] + nbytes <= limit:
         op = order.ops[q]
-        if graph.ops[op].type not in _NOT_TRIGGERS and order.level[op] < level:
+        if graph.ops[op].type not in NOT_TRIGGERS and order.level[op] < level:
             best = q
             if timeline.base_end[q] <= latest:
                 break

@@ -102,7 +102,7 @@ def _common_overheads(
     return common, out
 
 
-def _bound(steps: Steps, size: int, budget: Budget) -> float | None:
+def time_bound_overhead(steps: Steps, size: int, budget: Budget) -> float | None:
     """The time bound at `size` as an overhead (None where no plan fits, or at size 0)."""
     if not size:
         return None
@@ -129,7 +129,7 @@ def _rows(
                 "ratio": b.batch / base,
                 "overhead": b.summary()["overhead"],
                 "overhead_at_common": at_common.get(m, 1.0),
-                "time_bound": _bound(steps, b.batch, budget),
+                "time_bound": time_bound_overhead(steps, b.batch, budget),
                 "params": b.summary()["params"],
                 "seconds": b.seconds,
             }

@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.benchmarks.max_batch import DEVICES, Case, case_steps, search_args, table_head
+from autotune.benchmarks.max_batch import (
+    DEVICES,
+    Case,
+    case_steps,
+    search_args,
+    table_head,
+    time_bound_overhead,
+)
 from autotune.search.batching import Steps, largest_batch, largest_possible, method_at
 from autotune.search.core import Budget
 from autotune.units import format_bytes
@@ -61,10 +68,7 @@ def _at(steps: Steps, size: int, budget: Budget, trials: int, seed: int) -> dict
         if best is not None and name == "swap + recompute":
             row["recomputed"] = len(best.plan.recomputes)
             row["swapped"] = len(best.plan.swaps)
-    engine = steps.engine(size)
-    bound = engine.time_bound(budget.bytes)
-    base = engine.timeline.baseline_seconds if engine.timeline else None
-    row["time bound"] = bound / base if bound is not None and base else None
+    row["time bound"] = time_bound_overhead(steps, size, budget)
     return row
 
 
