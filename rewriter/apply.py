@@ -229,7 +229,8 @@ def _insert_swaps(
         with _on(host_device if mode == "device" else None):
             stored = _swap_out(tensor, mode, len(swap.swap_ins), f"swap_out/{base}")
         after.setdefault(tensor.op.name, []).append(_keep(stored))
-        for reader in forward if swap.sync else ():
+        waiters = [g.get_operation_by_name(swap.waiter)] if swap.waiter else forward
+        for reader in waiters if swap.sync else ():
             _wait(reader, stored.op)
         for k, swap_in in enumerate(swap.swap_ins):
             trigger = g.get_operation_by_name(swap_in.trigger)

@@ -5,8 +5,9 @@ Candidates are tensors produced in the forward phase and read by a backward op a
 swapped (-1 all, 0 none). Each backward reader is rerouted to a swap-in triggered by an op
 `lb`..`ub` levels before it, found in the categorized order (`direct_order`) or by walking up the
 reader's own inputs (`chain_rule`); swap-ins of one tensor whose readers lie within `groupby`
-levels are fused; with `sync_out` the tensor's forward readers wait for its swap-out. Shape-only
-ops are never rerouted and never triggers.
+levels are fused; with `sync_out` the tensor's forward readers wait for its swap-out (ours: with
+`sync_lag`, the first op `sync_lag` levels after its producer waits instead). Shape-only ops are
+never rerouted and never triggers.
 
 With `recompute="cheap"` (ours), every candidate made by a cheap element-wise op
 (`opsemantics.RECOMPUTABLE`) is recomputed instead, when a chain of at most `recompute_ops`
@@ -77,12 +78,18 @@ class PlanParams:
     #: with a time model, move swap-ins earlier while the live bytes stay within this many
     #: bytes (`simulator.prefetch`; 0: never)
     prefetch_bytes: int = 0
+    #: with `sync_out`, the first op at least this many levels after a swapped tensor's
+    #: producer waits for its swap-out instead of its readers (0: the readers wait); the
+    #: forward pass may then run ahead of the link by that many levels
+    sync_lag: int = 0
 
     def __post_init__(self) -> None:
         if self.n_tensors < -1:
             raise UserError(f"n_tensors must be -1 (all), 0 (none) or more, got {self.n_tensors}")
         if not 1 <= self.lb <= self.ub:
             raise UserError(f"need 1 <= lb <= ub, got lb={self.lb}, ub={self.ub}")
+        if self.sync_lag < 0:
+            raise UserError(f"sync_lag must be 0 (the readers wait) or more, got {self.sync_lag}")
         if self.threshold < 1 or self.groupby < 0:
             raise UserError("threshold must be at least 1 and groupby at least 0")
         if self.trigger not in TRIGGER_STRATEGIES:
@@ -342,7 +349,17 @@ def _swap(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> Swap | None
     if not swap_ins:
         return None
     nbytes = ctx.graph.tensors[cand.tensor].nbytes
-    return Swap(cand.tensor, nbytes, tuple(swap_ins), params.sync_out)
+    waiter = _waiter(ctx, cand, params.sync_lag) if params.sync_out and params.sync_lag else ""
+    return Swap(cand.tensor, nbytes, tuple(swap_ins), params.sync_out, waiter)
+
+
+def _waiter(ctx: PlanContext, cand: _Candidate, lag: int) -> str:
+    """The first op at least `lag` levels after the candidate's producer ('' when there is
+    none: its readers then wait)."""
+    for level in range(cand.level + lag, len(ctx.by_level)):
+        if ctx.by_level[level]:
+            return ctx.by_level[level][0]
+    return ""
 
 
 def _groups(readers: list[tuple[int, str]], groupby: int) -> list[list[tuple[int, str]]]:
@@ -397,6 +414,7 @@ def check_plan(graph: Graph, order: Order, plan: SwapPlan) -> None:
     for rc in plan.recomputes:
         _check_recompute(graph, order, rc)
     for swap in plan.swaps:
+        _check_waiter(graph, order, swap)
         for s in swap.swap_ins:
             if s.trigger not in graph.ops or any(c not in graph.ops for c in s.consumers):
                 raise InvalidPlan(f"swap-in of {swap.tensor!r} names ops missing from the graph")
@@ -408,6 +426,18 @@ def check_plan(graph: Graph, order: Order, plan: SwapPlan) -> None:
             involved = [s.trigger, *s.consumers]
             if any(graph.ops[o].type in SHAPE_ONLY for o in involved):
                 raise InvalidPlan(f"swap-in of {swap.tensor!r} involves a shape-only op")
+
+
+def _check_waiter(graph: Graph, order: Order, swap: Swap) -> None:
+    if not swap.waiter:
+        return
+    if swap.waiter not in graph.ops:
+        raise InvalidPlan(f"swap-out of {swap.tensor!r} names a waiter missing from the graph")
+    producer = graph.tensors[swap.tensor].producer
+    if order.level[swap.waiter] <= order.level[producer]:
+        raise InvalidPlan(f"waiter {swap.waiter!r} of {swap.tensor!r} is not after its producer")
+    if graph.ops[swap.waiter].type in SHAPE_ONLY:
+        raise InvalidPlan(f"waiter {swap.waiter!r} of {swap.tensor!r} is a shape-only op")
 
 
 def _check_recompute(graph: Graph, order: Order, rc: Recompute) -> None:

@@ -36,12 +36,16 @@ class Swap:
     """Copy `tensor` to the host once its producer ran; its device copy dies after the last
     consumer not rerouted to a swap-in; each swap-in brings it back for its consumers. With
     `sync`, the consumers not rerouted wait for the copy to finish (the original tool's
-    `sync_mode` 1): the forward pass then cannot outrun the link and pile up device copies."""
+    `sync_mode` 1): the forward pass then cannot outrun the link and pile up device copies.
+    With `sync` and a `waiter` (ours), that later op waits for the copy instead of the
+    readers: the forward pass may then run ahead of the link by the ops in between, and the
+    device copy outlives its last forward reader until the copy ends, before the waiter."""
 
     tensor: str
     nbytes: int
     swap_ins: tuple[SwapIn, ...]
     sync: bool = False
+    waiter: str = ""
 
     @property
     def rerouted(self) -> frozenset[str]:
@@ -110,6 +114,7 @@ class SwapPlan:
                     "tensor": s.tensor,
                     "nbytes": s.nbytes,
                     "sync": s.sync,
+                    "waiter": s.waiter,
                     "swap_ins": [
                         {"trigger": i.trigger, "consumers": list(i.consumers)} for i in s.swap_ins
                     ],
@@ -138,6 +143,7 @@ class SwapPlan:
                 int(s["nbytes"]),
                 tuple(SwapIn(i["trigger"], tuple(i["consumers"])) for i in s["swap_ins"]),
                 bool(s.get("sync", False)),
+                str(s.get("waiter", "")),
             )
             for s in data.get("swaps", [])
         )

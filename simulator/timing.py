@@ -164,7 +164,8 @@ _Steps = tuple[
 
 def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
     """Per step: swap-outs after it, swap-ins triggered by it, copies it waits for (swap-in k
-    of a tensor, or its swap-out as k = -1 when the swap is synchronized)."""
+    of a tensor, or its swap-out as k = -1 when the swap is synchronized: by its forward
+    readers, or by its waiter)."""
     pos = order.position
     outs: dict[int, list[tuple[str, int]]] = {}
     ins: dict[int, list[tuple[str, int, int]]] = {}
@@ -176,7 +177,9 @@ def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
             ins.setdefault(pos[s.trigger], []).append((swap.tensor, k, swap.nbytes))
             for c in s.consumers:
                 waits.setdefault(pos[c], []).append((swap.tensor, k))
-        if swap.sync:
+        if swap.sync and swap.waiter:
+            waits.setdefault(pos[swap.waiter], []).append((swap.tensor, -1))
+        elif swap.sync:
             rerouted = swap.rerouted
             for c in dict.fromkeys(graph.tensors[swap.tensor].consumers):
                 if c not in rerouted:

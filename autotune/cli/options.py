@@ -29,6 +29,7 @@ _PLAN_FLAGS = (
     "groupby",
     "trigger",
     "sync_out",
+    "sync_lag",
     "serialize",
     "include_types",
     "exclude_types",
@@ -89,6 +90,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="forward readers of a swapped tensor wait for its swap-out (original sync_mode 1)",
+    )
+    g.add_argument(
+        "--sync-lag",
+        type=_int_at_least(0),
+        help="with --sync-out, the first op this many levels after a swapped tensor's producer "
+        "waits for its swap-out instead of its readers (0: the readers wait)",
     )
     g.add_argument(
         "--serialize",

@@ -88,6 +88,7 @@ def _assert_same_step(
         PlanParams(groupby=5, lb=3, ub=20),
         PlanParams(ub=1, sync_out=True),
         PlanParams(ub=1, sync_out=True, serialize=True),
+        PlanParams(ub=1, sync_out=True, sync_lag=3),
     ],
 )
 def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanParams) -> None:
@@ -118,13 +119,61 @@ def test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only() -
     groupby=st.integers(0, 4),
     trigger=st.sampled_from(["direct_order", "chain_rule"]),
     sync=st.booleans(),
+    lag=st.integers(0, 6),
     serialize=st.booleans(),
 )
 def test_random_plans_train_bitwise_like_the_original(
-    model: str, n: int, lb: int, span: int, groupby: int, trigger: str, sync: bool, serialize: bool
+    model: str,
+    n: int,
+    lb: int,
+    span: int,
+    groupby: int,
+    trigger: str,
+    sync: bool,
+    lag: int,
+    serialize: bool,
 ) -> None:
-    params = PlanParams(n, lb, lb + span, 1, groupby, trigger, sync, serialize)
+    params = PlanParams(n, lb, lb + span, 1, groupby, trigger, sync, serialize, sync_lag=lag)
     _assert_same_step(model, params)
+
+
+def _ancestors(nodes: dict, name: str) -> set[str]:  # type: ignore[type-arg]
+    """Every node `name` waits for in an executed graph, through data and control inputs."""
+    seen, todo = set(), [name]
+    while todo:
+        for i in nodes[todo.pop()].input:
+            source = i.lstrip("^").split(":")[0]
+            if source in nodes and source not in seen:
+                seen.add(source)
+                todo.append(source)
+    return seen
+
+
+@pytest.mark.parametrize("model", EXACT)
+def test_a_lagged_swap_out_is_waited_for_by_its_waiter_not_its_readers(model: str) -> None:
+    from autotune.run.gating import executed_partitions
+
+    _, (_, cap), tuned = _twins(model, PlanParams(ub=1, sync_out=True, sync_lag=4))
+    lagged = [s for s in tuned.plan.swaps if s.waiter]
+    assert lagged and all(s.sync for s in tuned.plan.swaps)
+    parts = executed_partitions(tuned, *example_tensors(cap.specs))
+    executed = {n.name: n for pg in parts for n in pg.node}
+    for swap in lagged:
+        out = "swap_out/" + swap.tensor.replace(":", "_")
+        assert out in executed
+        if swap.waiter in executed:  # Grappler may fuse it into a renamed op
+            assert out in _ancestors(executed, swap.waiter), swap.waiter
+    waited = [s for s in lagged if s.waiter in executed]
+    assert len(waited) >= len(lagged) / 2, "most waiters run under their own name"
+    free = [  # readers that run without waiting for the copy (with sync_out alone, none)
+        r
+        for s in lagged
+        for r in cap.graph.tensors[s.tensor].consumers
+        if r in executed
+        and r not in s.rerouted
+        and "swap_out/" + s.tensor.replace(":", "_") not in _ancestors(executed, r)
+    ]
+    assert free
 
 
 @pytest.mark.parametrize("mode", ["emulated", "device"])

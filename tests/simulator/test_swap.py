@@ -216,10 +216,54 @@ def test_synchronized_swap_out_holds_forward_readers_until_the_copy_is_done() ->
     assert f1_free == 2  # freed when f2 ends; unsynchronized it lingers to step 5
 
 
+def test_a_lagged_swap_out_holds_only_its_waiter_and_the_forward_pass_runs_ahead() -> None:
+    g = training_chain()
+    program = compile_program(g)
+    timeline = Timeline.build(program.order, {n: 1.0 for n in g.ops})
+    link = Link(1024 / 3.5, 1e9)  # 3.5 s to copy 1 KiB out
+    plan = plan_for(g, sync_out=True, sync_lag=2)
+    assert [(s.tensor, s.waiter) for s in plan.swaps] == [
+        ("f1:0", "f3"),
+        ("f2:0", "gradient_tape/b3"),
+    ]
+    r = simulate_plan(program, g, plan, timeline=timeline, link=link)
+    assert r.time is not None
+    # f1's copy ends at t=5.5: f2 runs on (t=2..3), f3 waits 2.5 s; f2's copy queues behind
+    # it (5.5..9), and b3 waits for it from t=6.5 (the swap-ins back take 1 us each)
+    waits = {step: s for step, s in r.time.stalls.items() if s > 1e-3}
+    assert waits == pytest.approx({3: 2.5, 4: 2.5})
+    readers = simulate_plan(program, g, plan_for(g, sync_out=True), timeline=timeline, link=link)
+    assert readers.time is not None and r.time.step_seconds < readers.time.step_seconds
+    f1_free = next(e.step for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "f1:0")
+    assert f1_free == 3  # the copy is done before its waiter f3 runs
+
+
+@pytest.mark.parametrize(
+    ("waiter", "needle"),
+    [("nope", "missing"), ("x", "not after its producer"), ("f1", "not after its producer")],
+)
+def test_a_waiter_that_is_missing_or_not_after_the_producer_is_rejected(
+    waiter: str, needle: str
+) -> None:
+    from simulator.derive import check_plan
+    from simulator.order import categorized_order
+
+    g = training_chain()
+    plan = plan_for(g, sync_out=True, sync_lag=2)
+    bad = replace(plan, swaps=(replace(plan.swaps[0], waiter=waiter), *plan.swaps[1:]))
+    with pytest.raises(InvalidPlan, match=needle):
+        check_plan(g, categorized_order(g), bad)
+
+
+def test_a_lag_past_the_last_level_falls_back_to_the_readers() -> None:
+    plan = plan_for(training_chain(), sync_out=True, sync_lag=100)
+    assert all(s.sync and not s.waiter for s in plan.swaps)
+
+
 def test_sync_survives_the_plan_round_trip() -> None:
     g = training_chain()
-    plan = plan_for(g, sync_out=True)
-    assert SwapPlan.from_dict(plan.to_dict()) == plan
+    for plan in (plan_for(g, sync_out=True), plan_for(g, sync_out=True, sync_lag=2)):
+        assert SwapPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
 
 
 def test_order_edges_survive_the_plan_round_trip() -> None:
