@@ -2,7 +2,8 @@
 
 A trial proposes `n_tensors`, `lb`, `ub`, `threshold` (how far a reader must lie to swap),
 `groupby` (fusion distance of swap-ins), the trigger strategy and whether swap-outs are
-synchronized (`sync_out`, which keeps the forward pass from outrunning the link) and whether
+synchronized (`sync_out`, which keeps the forward pass from outrunning the link) and how many
+levels the forward pass may run ahead of a swap-out then (`sync_lag`), whether
 order edges reorder the backward pass (`serialize`: not the original tool's, so its baselines
 never use it; random search draws it from the same space), and, unless the run fixes it
 (`recompute`: "none" or "cheap" instead of the default "search"), whether cheap element-wise
@@ -111,6 +112,8 @@ RECOMPUTE_ONLY = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMP
 #: The range of the share of the budget prefetched swap-ins may fill (of the live bytes: the
 #: allocator's peak is higher by its fragmentation)
 PREFETCH_SHARES = (0.7, 1.0)
+#: The last warm start lets the forward pass run this share of the levels ahead of the link
+SYNC_LAG_SHARE = 64
 #: What a run lets the search do with recomputes: search whether (the default), or fix a mode.
 RECOMPUTE_CHOICES = ("search", *RECOMPUTE_MODES)
 
@@ -155,11 +158,19 @@ class Space:
             threshold=trial.suggest_int("threshold", 1, self.levels, log=True),
             groupby=trial.suggest_int("groupby", 0, self.levels),
             trigger=trial.suggest_categorical("trigger", list(TRIGGER_STRATEGIES)),
-            sync_out=trial.suggest_categorical("sync_out", [False, True]),
+            **self._suggest_sync(trial),
             serialize=trial.suggest_categorical("serialize", [False, True]),
             prefetch_bytes=self._suggest_prefetch(trial),
             **self._suggest_recompute(trial),
         )
+
+    def _suggest_sync(self, trial: Any) -> dict[str, Any]:
+        """`sync_out` and, with it, its lag in levels (log-sampled; 1 stands for 0, the
+        readers' own wait, which is what a lag of one level nearly is)."""
+        if not trial.suggest_categorical("sync_out", [False, True]):
+            return {"sync_out": False}
+        lag = trial.suggest_int("sync_lag", 1, self.levels, log=True)
+        return {"sync_out": True, "sync_lag": lag if lag > 1 else 0}
 
     def _suggest_prefetch(self, trial: Any) -> int:
         if not self.budget_bytes or not trial.suggest_categorical("prefetch", [False, True]):
@@ -191,6 +202,7 @@ class Space:
             "groupby": min(p.groupby, self.levels),
             "trigger": p.trigger,
             "sync_out": p.sync_out,
+            **({"sync_lag": min(max(p.sync_lag, 1), self.levels)} if p.sync_out else {}),
             "serialize": p.serialize,
             "recompute": p.recompute if self.recompute == "search" else self.recompute,
             "recompute_ops": min(p.recompute_ops, RECOMPUTE_MAX_OPS),
@@ -215,7 +227,8 @@ class Space:
         """A new study's first trials: the original defaults, the least-memory plan and, when
         recomputes are searched, the least-memory plan with them and recompute only; with a
         time model, last, the least-memory plan (with recomputes unless the run forbids them)
-        with its swap-ins as early as the budget leaves room for."""
+        with its swap-ins as early as the budget leaves room for, and that plan again with
+        the forward pass let run 1/SYNC_LAG_SHARE of the levels ahead of its swap-outs."""
         out = [self.defaults(), self.least_memory()]
         if self.recompute == "search":
             cheap = replace(
@@ -225,7 +238,44 @@ class Space:
         if self.budget_bytes:
             mode = "none" if self.recompute == "none" else "cheap"
             early = replace(LEAST_MEMORY_ORDERED, recompute=mode, prefetch_bytes=self.budget_bytes)
-            out.append(self.of_params(early))
+            lagged = replace(early, sync_lag=max(2, self.levels // SYNC_LAG_SHARE))
+            out += [self.of_params(early), self.of_params(lagged)]
+        return out
+
+    def neighbours(
+        self, params: dict[str, Any], swapped: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Trial parameters one step from `params` along one axis each: fewer or more swapped
+        tensors (counted from `swapped`, the tensors its plan swapped, when given: `n_tensors`
+        caps the swaps, and recomputes and the threshold leave fewer), a swap-in window,
+        fusion distance, threshold and forward lag halved or doubled, a recompute chain one op
+        shorter or longer, a prefetch share 0.05 apart."""
+        out: list[dict[str, Any]] = []
+
+        def move(key: str, value: Any, low: Any, high: Any) -> None:
+            value = min(max(value, low), high)
+            if key in params and value != params[key]:
+                out.append({**params, key: value})
+
+        n, top = params.get("n_tensors", 0), self.candidates
+        n = n if swapped is None else min(n, swapped)
+        for factor in (0.8, 0.9, 0.97, 1.03):
+            move("n_tensors", round(n * factor), self._fewest(), top)
+        for key in ("ub", "threshold", "sync_lag"):
+            x = params.get(key, 1)
+            move(key, x * 2, 1, self.levels)
+            move(key, x // 2, 1, self.levels)
+        g = params.get("groupby", 0)
+        for x in (g // 2, max(2 * g, 2)):
+            move("groupby", x, 0, self.levels)
+        ops = params.get("recompute_ops", 1)
+        for x in (ops - 1, ops + 1):
+            move("recompute_ops", x, 1, RECOMPUTE_MAX_OPS)
+        share = params.get("prefetch_share", 0.0)
+        for x in (round(share - 0.05, 4), round(share + 0.05, 4)):
+            move("prefetch_share", x, *PREFETCH_SHARES)
+        if params.get("ub", 1) < params.get("lb", 1):  # ub halved under lb: lb follows
+            out = [{**q, "lb": min(q["lb"], q["ub"])} for q in out]
         return out
 
     def defaults(self) -> dict[str, Any]:
@@ -379,6 +429,45 @@ def best_feasible(engine: Engine, study: Any) -> Evaluation | None:
     return engine.evaluate(PlanParams.from_dict(best.user_attrs["plan_params"]))
 
 
+#: ours spends the trials after this share of its budget on local moves around its best plan
+REFINE_AFTER = 1 / 3
+
+
+@dataclass
+class Refine:
+    """An Optuna callback: once `after` trials have finished and no trial is queued, queue the
+    untried `Space.neighbours` of the fastest plan that fits (a pattern search: where the
+    budget leaves a small feasible region, as at the largest batches, TPE rarely samples it).
+    It reads everything from the study, so a resumed study refines where it stopped."""
+
+    space: Space
+    after: int
+    total: int  # the study's trials: no more are queued than are left to run
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        import optuna
+
+        trials = study.get_trials(deepcopy=False)
+        done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        waiting = optuna.trial.TrialState.WAITING
+        left = self.total - len(done)
+        if len(done) < self.after or left <= 0 or any(t.state == waiting for t in trials):
+            return
+        fits = [t for t in done if max(_constraints(t)) <= 0]
+        if not fits:
+            return
+        best = min(fits, key=lambda t: (t.values[0], t.user_attrs["peak_bytes"]))
+        seen = {_key(t.params) for t in trials}
+        swapped = best.user_attrs.get("swapped_tensors")
+        untried = {_key(p): p for p in self.space.neighbours(best.params, swapped)}
+        for params in [p for k, p in untried.items() if k not in seen][:left]:
+            study.enqueue_trial(params)
+
+
+def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
+
+
 def run_study(
     engine: Engine,
     budget: Budget,
@@ -404,12 +493,16 @@ def run_study(
         for params in (*space.starts(), *map(space.of_params, starts)):
             study.enqueue_trial(params)
     left = trials - len(study.get_trials(deepcopy=False, states=complete))
+    refine = []
+    if warm_start and objectives == 1:
+        space = Space.of(engine, recompute, budget.bytes)
+        refine = [Refine(space, int(trials * REFINE_AFTER), trials)]
     if left > 0:
         with quiet_optuna():
             study.optimize(
                 make_objective(engine, budget, objectives, recompute),
                 n_trials=left,
-                callbacks=[MaxTrialsCallback(trials, states=complete), *(callbacks or [])],
+                callbacks=[MaxTrialsCallback(trials, states=complete), *refine, *(callbacks or [])],
             )
     best = best_feasible(engine, study)
     nearest = None if best else lowest_peak(engine, study)

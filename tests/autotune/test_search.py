@@ -14,6 +14,7 @@ from autotune.search.baselines import (
 from autotune.search.core import (
     DEFAULT_SAFETY_RATIO,
     INTERRUPTED,
+    REFINE_AFTER,
     Budget,
     Space,
     in_memory_study,
@@ -53,14 +54,45 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     space = Space(candidates=20, levels=300)
     trial = optuna.trial.FixedTrial(
         {"n_tensors": 20, "lb": 40, "ub": 7, "threshold": 3, "groupby": 2, "trigger": "chain_rule",
-         "sync_out": True, "serialize": True, "recompute": "cheap", "recompute_ops": 3}
+         "sync_out": True, "sync_lag": 9, "serialize": True, "recompute": "cheap",
+         "recompute_ops": 3}
     )  # fmt: skip
     p = space.suggest(trial)
     assert (p.n_tensors, p.lb, p.ub, p.threshold, p.groupby) == (-1, 7, 40, 3, 2)
-    assert p.trigger == "chain_rule" and p.sync_out and p.serialize
+    assert p.trigger == "chain_rule" and p.sync_out and p.sync_lag == 9 and p.serialize
     assert (p.recompute, p.recompute_ops) == ("cheap", 3)
-    assert space.of_params(p)["serialize"] is True
+    assert space.of_params(p)["serialize"] is True and space.of_params(p)["sync_lag"] == 9
     assert space.least_memory()["serialize"] is True and space.defaults()["serialize"] is False
+
+
+def test_a_sampled_lag_of_one_level_is_the_readers_own_wait() -> None:
+    space = Space(candidates=20, levels=300)
+    fixed = {"n_tensors": 5, "lb": 1, "ub": 1, "threshold": 1, "groupby": 0,
+             "trigger": "direct_order", "sync_out": True, "sync_lag": 1, "serialize": False,
+             "recompute": "none", "recompute_ops": 5}  # fmt: skip
+    p = space.suggest(optuna.trial.FixedTrial(fixed))
+    assert p.sync_out and p.sync_lag == 0
+    assert space.of_params(p)["sync_lag"] == 1  # and back: the least-memory start is exact
+    assert "sync_lag" not in space.of_params(replace(p, sync_out=False))
+
+
+def test_neighbours_move_one_axis_each_within_the_ranges() -> None:
+    space = Space(candidates=200, levels=300, budget_bytes=1 << 30)
+    base = {"n_tensors": 200, "lb": 2, "ub": 4, "threshold": 1, "groupby": 0,
+            "trigger": "direct_order", "sync_out": True, "sync_lag": 16, "serialize": True,
+            "recompute": "cheap", "recompute_ops": 8, "prefetch": True,
+            "prefetch_share": 1.0}  # fmt: skip
+    moves = space.neighbours(base, swapped=100)
+    assert moves and base not in moves
+    for q in moves:
+        changed = {k for k in base if q[k] != base[k]}
+        assert len(changed) == 1 or changed == {"ub", "lb"}, changed
+        assert 1 <= q["lb"] <= q["ub"] <= 300 and 1 <= q["recompute_ops"] <= 8
+        assert 0.7 <= q["prefetch_share"] <= 1.0 and 1 <= q["sync_lag"] <= 300
+    # fewer swapped tensors counted from the 100 the plan swapped, not from n_tensors
+    assert sorted(q["n_tensors"] for q in moves if q["n_tensors"] != 200) == [80, 90, 97, 103]
+    assert {q["sync_lag"] for q in moves} >= {8, 32} and {q["ub"] for q in moves} >= {2, 8}
+    assert {q["recompute_ops"] for q in moves} == {7, 8} and {q["groupby"] for q in moves} >= {2}
 
 
 def test_a_fixed_recompute_mode_is_not_searched() -> None:
@@ -212,7 +244,7 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     budget = budget_at(engine, 0.8)
     original = original_autotuner(engine, budget)
     assert original.best is not None
-    out = run_study(engine, budget, in_memory_study("tpe", 3), 6, starts=(original.best.params,))
+    out = run_study(engine, budget, in_memory_study("tpe", 3), 8, starts=(original.best.params,))
     after = len(Space.of(engine, budget_bytes=budget.bytes).starts())  # the defaults, ...
     picked = PlanParams.from_dict(out.study.trials[after].user_attrs["plan_params"])
     assert engine.evaluate(picked).plan == original.best.plan
@@ -269,6 +301,20 @@ def test_a_host_limit_makes_plans_that_swap_too_much_infeasible(engine) -> None:
         assert (max(t.user_attrs["constraint"]) <= 0) == feasible
     unlimited = run_study(engine, budget, in_memory_study("tpe", 3), 30)
     assert unlimited.best is not None and unlimited.best.host_peak_bytes > 0
+
+
+@pytest.mark.tf
+def test_ours_moves_from_its_best_plan_one_axis_at_a_time(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.5)
+    out = run_study(engine, budget, in_memory_study("tpe", 5), 30)
+    trials = out.study.trials
+    space = Space.of(engine, budget_bytes=budget.bytes)
+    moves = [t for t in trials[len(space.starts()) :] if t.system_attrs.get("fixed_params")]
+    assert moves and all(t.number >= 30 * REFINE_AFTER for t in moves)
+    for t in moves:  # each is a neighbour of a plan that fit before it
+        earlier = [e for e in trials[: t.number] if max(e.user_attrs["constraint"]) <= 0]
+        near = [space.neighbours(e.params, e.user_attrs["swapped_tensors"]) for e in earlier]
+        assert any(t.params in n for n in near), t.params
 
 
 @pytest.mark.tf
