@@ -78,6 +78,10 @@ class PlanParams:
     #: with a time model, move swap-ins earlier while the live bytes stay within this many
     #: bytes (`simulator.prefetch`; 0: never)
     prefetch_bytes: int = 0
+    #: with recomputes, while the plan's simulated peak passes this many
+    #: bytes, the recomputes whose chains hold bytes at the peak are swapped instead, as long
+    #: as that lowers the peak (`Engine`; 0: never)
+    recompute_limit: int = 0
     #: with `sync_out`, the first op at least this many levels after a swapped tensor's
     #: producer waits for its swap-out instead of its readers (0: the readers wait); the
     #: forward pass may then run ahead of the link by that many levels
@@ -96,6 +100,8 @@ class PlanParams:
             raise UserError(f"trigger must be one of {', '.join(TRIGGER_STRATEGIES)}")
         if self.recompute not in RECOMPUTE_MODES:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}")
+        if self.recompute_limit < 0:
+            raise UserError(f"recompute_limit must be 0 (off) or more, got {self.recompute_limit}")
         if self.prefetch_bytes < 0:
             raise UserError(f"prefetch_bytes must be 0 (off) or more, got {self.prefetch_bytes}")
         if self.recompute_ops < 1:
@@ -199,9 +205,12 @@ def _in_scopes(name: str, scopes: tuple[str, ...]) -> bool:
     return any(name.startswith(s) or f"/{s}" in name for s in scopes)
 
 
-def derive_plan(ctx: PlanContext, params: PlanParams) -> SwapPlan:
-    """The plan `params` gives on the graph of `ctx`: recomputes first, then swaps."""
-    recomputes = _recomputes(ctx, params)
+def derive_plan(
+    ctx: PlanContext, params: PlanParams, keep: frozenset[str] = frozenset()
+) -> SwapPlan:
+    """The plan `params` gives on the graph of `ctx`: recomputes first, then swaps; the
+    tensors in `keep` are never recomputed (they are swapped, or kept, as without recomputes)."""
+    recomputes = _recomputes(ctx, params, keep)
     made = {r.tensor for r in recomputes}
     swaps: list[Swap] = []
     for cand in ctx.candidates:
@@ -255,7 +264,7 @@ def _from_swap_ins(
     return out
 
 
-def _recomputes(ctx: PlanContext, params: PlanParams) -> list[Recompute]:
+def _recomputes(ctx: PlanContext, params: PlanParams, keep: frozenset[str]) -> list[Recompute]:
     """With `recompute="cheap"`, a recompute for every candidate a chain of cheap ops can make
     again (see the module's docstring); a tensor a chain reads (kept on the device, or read
     from a swap-in, `_from_swap_ins`) is not recomputed itself."""
@@ -266,8 +275,8 @@ def _recomputes(ctx: PlanContext, params: PlanParams) -> list[Recompute]:
     sizes = {c.tensor: ctx.graph.tensors[c.tensor].nbytes for c in ctx.candidates}
     floor = max(sizes.values()) // RECOMPUTE_SMALLEST
     for cand in ctx.candidates:
-        if cand.tensor in held or sizes[cand.tensor] < floor:
-            continue  # read where it is by a chain made earlier, or too small to matter
+        if cand.tensor in held or sizes[cand.tensor] < floor or cand.tensor in keep:
+            continue  # read where it is by a chain made earlier, too small to matter, or kept
         found = _recompute(ctx, cand, params, {r.tensor for r in out})
         if found is not None:
             out.append(found[0])

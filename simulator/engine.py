@@ -47,6 +47,9 @@ from simulator.timing import Link
 
 __all__ = ["Engine", "Evaluation"]
 
+#: at most this many rounds of swapping recomputes that hold bytes at the peak instead
+GUARD_ROUNDS = 8
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -231,17 +234,71 @@ class Engine:
         start = time.perf_counter()
         link = self.device.link if self.device and timed else None
         with paused_gc():
-            plan = derive_plan(self.context, params)
-            if self.edges:
-                plan = replace(plan, order_edges=self.edges)
-            if params.prefetch_bytes and plan.swaps and link and self.timeline:
-                plan = self._prefetched(plan, params.prefetch_bytes, link)
-            result = simulate_plan(
-                self.program,
-                self.graph,
-                plan,
-                timeline=self.timeline if timed else None,
-                link=link,
-                allocator=self.allocator() if allocator else None,
-            )
+            plan = self._plan(params, frozenset(), link)
+            result = self._simulate(plan, link, timed, allocator)
+            if params.recompute_limit and plan.recomputes:
+                plan, result = self._guarded(params, plan, result, link, timed, allocator)
         return Evaluation(params, plan, result, time.perf_counter() - start)
+
+    def _plan(self, params: PlanParams, keep: frozenset[str], link: Link | None) -> SwapPlan:
+        """The plan of `params` (never recomputing `keep`), with its order edges, prefetched."""
+        plan = derive_plan(self.context, params, keep)
+        if self.edges:
+            plan = replace(plan, order_edges=self.edges)
+        if params.prefetch_bytes and plan.swaps and link and self.timeline:
+            plan = self._prefetched(plan, params.prefetch_bytes, link)
+        return plan
+
+    def _simulate(
+        self, plan: SwapPlan, link: Link | None, timed: bool, allocator: bool
+    ) -> PlanResult:
+        return simulate_plan(
+            self.program,
+            self.graph,
+            plan,
+            timeline=self.timeline if timed else None,
+            link=link,
+            allocator=self.allocator() if allocator else None,
+        )
+
+    def _guarded(
+        self,
+        params: PlanParams,
+        plan: SwapPlan,
+        result: PlanResult,
+        link: Link | None,
+        timed: bool,
+        allocator: bool,
+    ) -> tuple[SwapPlan, PlanResult]:
+        """While the peak passes `recompute_limit`, swap instead the recomputes whose chains
+        hold bytes at the peak (a chain's intermediates, or a source swap-in brought forward
+        for it, can outweigh the tensor it makes), for at most `GUARD_ROUNDS` rounds: alike
+        blocks peak alike, one after another, so the peak may first rise; the lowest peak
+        found is kept."""
+        keep: frozenset[str] = frozenset()
+        best = (plan, result)
+        for _ in range(GUARD_ROUNDS):
+            if result.peak_bytes <= params.recompute_limit:
+                break
+            blamed = _at_peak(self.graph, plan, result) - keep
+            if not blamed:
+                break
+            keep |= blamed
+            plan = self._plan(params, keep, link)
+            result = self._simulate(plan, link, timed, allocator)
+            if result.peak_bytes < best[1].peak_bytes:
+                best = (plan, result)
+        return best
+
+
+def _at_peak(graph: Graph, plan: SwapPlan, result: PlanResult) -> frozenset[str]:
+    """The tensors whose recomputes hold bytes at the live peak: a copy the chain made, or a
+    swap-in it reads."""
+    memory = result.memory
+    live = memory.trace.live_at(memory.peak_step)
+    out = set()
+    for rc in plan.recomputes:
+        held = {f"{t}@re" for t in rc.made(graph)} | {f"{t}@in{k}" for t, k in rc.sources}
+        if not held.isdisjoint(live):
+            out.add(rc.tensor)
+    return frozenset(out)

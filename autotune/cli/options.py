@@ -37,6 +37,7 @@ _PLAN_FLAGS = (
     "exclude_scopes",
     "recompute",
     "recompute_ops",
+    "recompute_limit",
     "prefetch_bytes",
 )
 
@@ -111,6 +112,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--recompute-ops", type=_int_at_least(1), help="ops a recompute may re-run (default 5)"
+    )
+    g.add_argument(
+        "--recompute-limit",
+        type=size_arg,
+        help="while the plan's simulated peak passes this size, swap instead the recomputes "
+        "whose chains hold bytes at the peak (fit sets it to the budget)",
     )
     g.add_argument(
         "--prefetch",

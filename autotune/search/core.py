@@ -7,7 +7,9 @@ levels the forward pass may run ahead of a swap-out then (`sync_lag`), whether
 order edges reorder the backward pass (`serialize`: not the original tool's, so its baselines
 never use it; random search draws it from the same space), and, unless the run fixes it
 (`recompute`: "none" or "cheap" instead of the default "search"), whether cheap element-wise
-tensors are recomputed instead of swapped and how long their chains may be, and whether swap-ins
+tensors are recomputed instead of swapped and how long their chains may be (the recomputes that
+hold bytes at a peak over the budget are then swapped instead, `PlanParams.recompute_limit`),
+and whether swap-ins
 are moved earlier where the memory has room (`prefetch`, with the share of the budget the live
 bytes may then reach, `simulator.prefetch`); the engine derives the plan and simulates it.
 "Predicted peak <= budget" is an Optuna constraint and the predicted step time the objective (or
@@ -135,6 +137,8 @@ class Space:
     recompute: str = "search"
     #: the budget prefetching keeps the live bytes under a share of (0: no prefetch searched)
     budget_bytes: int = 0
+    #: the budget recompute plans are guarded at (`PlanParams.recompute_limit`; 0: never)
+    limit_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_recompute(self.recompute)
@@ -143,7 +147,8 @@ class Space:
     def of(cls, engine: Engine, recompute: str = "search", budget_bytes: int = 0) -> Space:
         n = max(1, len(engine.context.candidates))
         timed = engine.timeline is not None and engine.device is not None
-        return cls(n, max(2, engine.order.n_levels), recompute, budget_bytes if timed else 0)
+        levels = max(2, engine.order.n_levels)
+        return cls(n, levels, recompute, budget_bytes if timed else 0, budget_bytes)
 
     def suggest(self, trial: Any) -> PlanParams:
         """The parameters a trial proposes; `lb` and `ub` are sampled alike and sorted; no
@@ -188,7 +193,8 @@ class Space:
         if mode == "search":
             mode = trial.suggest_categorical("recompute", list(RECOMPUTE_MODES))
         ops = trial.suggest_int("recompute_ops", 1, RECOMPUTE_MAX_OPS)
-        return {"recompute": mode, "recompute_ops": ops}
+        limit = self.limit_bytes if mode == "cheap" else 0
+        return {"recompute": mode, "recompute_ops": ops, "recompute_limit": limit}
 
     def of_params(self, p: PlanParams) -> dict[str, Any]:
         """Trial parameters that give `p` (sizes clamped to this graph's ranges)."""
@@ -431,6 +437,8 @@ def best_feasible(engine: Engine, study: Any) -> Evaluation | None:
 
 #: ours spends the trials after this share of its budget on local moves around its best plan
 REFINE_AFTER = 1 / 3
+#: it queues this many moves at a time, so that it moves on from a better plan soon
+REFINE_BATCH = 4
 
 
 @dataclass
@@ -460,7 +468,7 @@ class Refine:
         seen = {_key(t.params) for t in trials}
         swapped = best.user_attrs.get("swapped_tensors")
         untried = {_key(p): p for p in self.space.neighbours(best.params, swapped)}
-        for params in [p for k, p in untried.items() if k not in seen][:left]:
+        for params in [p for k, p in untried.items() if k not in seen][: min(left, REFINE_BATCH)]:
             study.enqueue_trial(params)
 
 

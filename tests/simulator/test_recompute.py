@@ -1,5 +1,7 @@
 """Recompute: a tensor freed after its forward readers and made again for the backward pass."""
 
+from dataclasses import replace
+
 import pytest
 
 from simulator import (
@@ -163,3 +165,37 @@ def test_cheap_recomputes_what_a_held_tensor_can_make_and_swaps_the_rest() -> No
     assert mixed.time is not None and swapped.time is not None
     assert mixed.time.recompute_seconds == 1e-3
     assert mixed.time.step_seconds < swapped.time.step_seconds
+
+
+def _raising() -> Graph:
+    """x -> a (swapped) -> m = Mul(a) -> relu -> f; b1 reads relu while the 6 MiB seed and
+    b1's output are live, b3 reads a: relu made again from a needs a's copy from b1 on, with
+    m's copy beside it, where swapping relu brings back one tensor."""
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4 * MIB, type="Conv2D")
+    m = add(g, "m", a, 4 * MIB, type="Mul")
+    r = add(g, "relu", m, 4 * MIB, type="Relu")
+    f = add(g, "f", r, 256)
+    seed = add(g, "gradient_tape/seed", f, 6 * MIB)
+    b1 = add(g, "gradient_tape/b1", seed + r, 4 * MIB)
+    b2 = add(g, "gradient_tape/b2", b1, 4 * MIB)
+    b3 = add(g, "gradient_tape/b3", b2 + a, 256)
+    g.mark_outputs(b3)
+    return g
+
+
+def test_the_guard_swaps_a_recompute_that_raises_the_peak_instead() -> None:
+    from simulator.engine import Engine
+
+    engine = Engine.build(_raising())
+    params = PlanParams(ub=1, sync_out=True, recompute="cheap")
+    plain = engine.evaluate(params, timed=False)
+    assert [(r.tensor, r.sources) for r in plain.plan.recomputes] == [("relu:0", (("a:0", 0),))]
+    assert plain.peak_bytes == 20 * MIB + 256  # the allocator's peak, which the guard compares
+    guarded = engine.evaluate(replace(params, recompute_limit=16 * MIB), timed=False)
+    assert not guarded.plan.recomputes
+    assert [s.tensor for s in guarded.plan.swaps] == ["a:0", "relu:0"]
+    assert guarded.peak_bytes == 16 * MIB + 256
+    roomy = engine.evaluate(replace(params, recompute_limit=20 * MIB + 256), timed=False)
+    assert (roomy.plan.swaps, roomy.plan.recomputes) == (plain.plan.swaps, plain.plan.recomputes)

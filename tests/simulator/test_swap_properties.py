@@ -37,8 +37,8 @@ def training_graphs(draw: st.DrawFn) -> Graph:
 
 
 params = st.builds(
-    lambda n, lb, span, thr, grp, trig, rc, ops: PlanParams(
-        n, lb, lb + span, thr, grp, trig, recompute=rc, recompute_ops=ops
+    lambda n, lb, span, thr, grp, trig, rc, ops, sync, lag: PlanParams(
+        n, lb, lb + span, thr, grp, trig, sync, recompute=rc, recompute_ops=ops, sync_lag=lag
     ),
     st.integers(-1, 6),
     st.integers(1, 4),
@@ -48,6 +48,8 @@ params = st.builds(
     st.sampled_from(["direct_order", "chain_rule"]),
     st.sampled_from(["none", "cheap"]),
     st.integers(1, 3),
+    st.booleans(),
+    st.integers(0, 4),
 )
 
 
@@ -138,3 +140,23 @@ def test_no_plan_that_fits_runs_faster_than_the_time_bound(
     assert ev.step_seconds >= bound * (1 - 1e-9), (ev.step_seconds, bound)
     # the budget the plan just fits is the tightest: any larger one gives no higher bound
     assert engine.time_bound(2 * budget) <= bound
+
+
+@settings(max_examples=200, deadline=None)
+@given(training_graphs(), params, st.booleans(), st.floats(1e2, 1e6))
+def test_the_recompute_guard_never_raises_the_peak(
+    g: Graph, p: PlanParams, timed: bool, bw: float
+) -> None:
+    from simulator import get_preset
+    from simulator.engine import Engine
+
+    preset = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=bw)
+    engine = Engine.build(g, device=preset, cost=dict.fromkeys(g.ops, 1e-3))
+    p = replace(p, recompute="cheap")
+    plain = engine.evaluate(p, timed=timed)
+    guarded = engine.evaluate(replace(p, recompute_limit=1), timed=timed)
+    check_plan(g, engine.order, guarded.plan)
+    assert guarded.peak_bytes <= plain.peak_bytes
+    roomy = engine.evaluate(replace(p, recompute_limit=plain.peak_bytes), timed=timed)
+    # within the limit, nothing is swapped instead
+    assert (roomy.plan.swaps, roomy.plan.recomputes) == (plain.plan.swaps, plain.plan.recomputes)
