@@ -1,5 +1,5 @@
 from simulator.derive import PlanParams
-from simulator.engine import Engine
+from simulator.engine import EDGE_REUSE, Engine
 from tests.simulator.builders import training_branches, training_chain
 
 
@@ -9,7 +9,7 @@ def test_serialize_evaluates_the_graph_with_order_edges_and_lowers_the_peak() ->
     plain = engine.evaluate(PlanParams(n_tensors=0))
     serial = engine.evaluate(PlanParams(n_tensors=0, serialize=True))
     assert plain.plan.order_edges == ()
-    assert serial.plan.order_edges == engine.shared["edges"] != ()
+    assert serial.plan.order_edges == engine.shared["edges"][engine.lower_bound] != ()
     # the two branches' 1 MiB gradients no longer live at once
     assert plain.result.memory.live_peak_bytes - serial.result.memory.live_peak_bytes >= 1 << 20
     first = engine.backward_level()
@@ -20,13 +20,18 @@ def test_serialize_evaluates_the_graph_with_order_edges_and_lowers_the_peak() ->
     assert serial.params.serialize and serial.plan.params["serialize"] is True
 
 
-def test_order_edges_are_found_once_and_shared_between_engines() -> None:
+def test_order_edges_are_shared_between_engines_of_near_sizes_only() -> None:
     shared: dict = {}
     one = Engine.build(training_branches(1 << 20), shared=shared)
-    one.evaluate(PlanParams(serialize=True))
-    edges = shared["edges"]
-    two = Engine.build(training_branches(1 << 21), shared=shared)
-    assert two.evaluate(PlanParams(serialize=True)).plan.order_edges == edges
+    edges = one.evaluate(PlanParams(serialize=True)).plan.order_edges
+    near = Engine.build(training_branches(5 << 18), shared=shared)
+    assert near.lower_bound <= EDGE_REUSE * one.lower_bound
+    assert near.evaluate(PlanParams(serialize=True)).plan.order_edges == edges
+    assert list(shared["edges"]) == [one.lower_bound]  # found once
+    far = Engine.build(training_branches(1 << 22), shared=shared)
+    assert far.lower_bound > EDGE_REUSE * one.lower_bound
+    far.evaluate(PlanParams(serialize=True))
+    assert list(shared["edges"]) == [one.lower_bound, far.lower_bound]  # found again
 
 
 def test_without_parallel_branches_serialize_changes_nothing() -> None:
@@ -45,8 +50,8 @@ def test_a_recorded_order_is_never_serialized() -> None:
 
 
 def test_shared_edges_naming_ops_a_graph_lacks_are_found_again() -> None:
-    shared: dict = {"edges": (("elsewhere", "gradient_tape/b1"),)}
-    engine = Engine.build(training_branches(), shared=shared)
+    engine = Engine.build(training_branches())
+    engine.shared["edges"] = {engine.lower_bound: (("elsewhere", "gradient_tape/b1"),)}
     plan = engine.evaluate(PlanParams(serialize=True)).plan
     assert plan.order_edges and all(n in engine.graph.ops for e in plan.order_edges for n in e)
-    assert shared["edges"] == plan.order_edges
+    assert engine.shared["edges"][engine.lower_bound] == plan.order_edges
