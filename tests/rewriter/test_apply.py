@@ -24,6 +24,7 @@ from simulator import (  # noqa: E402
 )
 from simulator.derive import PlanContext, PlanParams, derive_plan  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
+from tests.executed import ancestors  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -137,18 +138,6 @@ def test_random_plans_train_bitwise_like_the_original(
     _assert_same_step(model, params)
 
 
-def _ancestors(nodes: dict, name: str) -> set[str]:  # type: ignore[type-arg]
-    """Every node `name` waits for in an executed graph, through data and control inputs."""
-    seen, todo = set(), [name]
-    while todo:
-        for i in nodes[todo.pop()].input:
-            source = i.lstrip("^").split(":")[0]
-            if source in nodes and source not in seen:
-                seen.add(source)
-                todo.append(source)
-    return seen
-
-
 @pytest.mark.parametrize("model", EXACT)
 def test_a_lagged_swap_out_is_waited_for_by_its_waiter_not_its_readers(model: str) -> None:
     from autotune.run.gating import executed_partitions
@@ -162,7 +151,7 @@ def test_a_lagged_swap_out_is_waited_for_by_its_waiter_not_its_readers(model: st
         out = "swap_out/" + swap.tensor.replace(":", "_")
         assert out in executed
         if swap.waiter in executed:  # Grappler may fuse it into a renamed op
-            assert out in _ancestors(executed, swap.waiter), swap.waiter
+            assert out in ancestors(executed, swap.waiter), swap.waiter
     waited = [s for s in lagged if s.waiter in executed]
     assert len(waited) >= len(lagged) / 2, "most waiters run under their own name"
     free = [  # readers that run without waiting for the copy (with sync_out alone, none)
@@ -171,7 +160,7 @@ def test_a_lagged_swap_out_is_waited_for_by_its_waiter_not_its_readers(model: st
         for r in cap.graph.tensors[s.tensor].consumers
         if r in executed
         and r not in s.rerouted
-        and "swap_out/" + s.tensor.replace(":", "_") not in _ancestors(executed, r)
+        and "swap_out/" + s.tensor.replace(":", "_") not in ancestors(executed, r)
     ]
     assert free
 

@@ -14,6 +14,7 @@ from rewriter.apply import apply_plan  # noqa: E402
 from simulator import compile_program, simulate_memory, simulate_plan  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
+from tests.executed import ancestors  # noqa: E402
 from tests.models import bn_cnn  # noqa: E402
 from tests.twins import assert_same_state  # noqa: E402
 
@@ -50,18 +51,6 @@ def test_recompute_plans_train_bitwise_like_the_original(
     assert_same_state(a, b)
 
 
-def _ancestors(nodes: dict, name: str) -> set[str]:  # type: ignore[type-arg]
-    """Every node `name` waits for in an executed graph, through data and control inputs."""
-    seen, todo = set(), [name]
-    while todo:
-        for i in nodes[todo.pop()].input:
-            source = i.lstrip("^").split(":")[0]
-            if source in nodes and source not in seen:
-                seen.add(source)
-                todo.append(source)
-    return seen
-
-
 @pytest.mark.parametrize("model", list(CASES))
 def test_the_copies_survive_grappler_and_wait_for_their_triggers(model: str) -> None:
     _, cap = _captured(model)
@@ -75,7 +64,7 @@ def test_the_copies_survive_grappler_and_wait_for_their_triggers(model: str) -> 
             assert name in executed  # neither removed nor merged back into the original
             # Grappler drops a control edge another path makes redundant: the trigger must
             # still be among what the copy waits for
-            assert rc.trigger in _ancestors(executed, name), name
+            assert rc.trigger in ancestors(executed, name), name
 
 
 @pytest.mark.parametrize("model", list(CASES))
