@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -355,8 +356,12 @@ def _internal_error(err: BaseException) -> int:
 
 
 def _on_ctrl_c(_signum: int, _frame: Any) -> None:
-    """Ctrl-C: raise KeyboardInterrupt, and remember it for the study (see INTERRUPTED)."""
+    """Ctrl-C: raise KeyboardInterrupt, and remember it for the study (see INTERRUPTED).
+    Libraries' logging is silenced from here on: what they log as the interrupt unwinds (seen:
+    SQLAlchemy's "Error closing cursor" with its traceback, when the Ctrl-C lands while the
+    study's trials are read) is a consequence of it, and the tool says what happened itself."""
     INTERRUPTED.set()
+    logging.disable(logging.CRITICAL)
     raise KeyboardInterrupt
 
 

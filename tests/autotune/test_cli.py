@@ -155,6 +155,31 @@ def test_an_error_raised_after_ctrl_c_ends_as_the_interrupt(
     assert "resume" in err and "Traceback" not in err
 
 
+def test_after_ctrl_c_libraries_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """Seen in CI: a Ctrl-C while the study's trials were read made SQLAlchemy log "Error
+    closing cursor" with a traceback to stderr (logging's last-resort handler)."""
+    import logging
+
+    from autotune.cli.main import _on_ctrl_c
+    from autotune.search.core import INTERRUPTED
+
+    pool = logging.getLogger("sqlalchemy.pool.impl.QueuePool")
+    try:
+        try:
+            _on_ctrl_c(2, None)
+        except KeyboardInterrupt:
+            try:
+                raise RuntimeError("Cannot operate on a closed database.")
+            except RuntimeError:
+                pool.error("Error closing cursor", exc_info=True)
+    finally:
+        INTERRUPTED.clear()
+        logging.disable(logging.NOTSET)
+    assert not caplog.records
+    pool.error("logged")  # the test's own check that the record would have been caught
+    assert [r.getMessage() for r in caplog.records] == ["logged"]
+
+
 def test_a_bug_in_the_tool_is_reported_as_one_and_not_as_bad_input(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
