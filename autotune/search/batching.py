@@ -127,8 +127,8 @@ class Steps(Protocol):
 @dataclass
 class CapturedSteps:
     """Engines from a capture at every size asked for (for sizes that are not affine, such as
-    a 3D U-Net's cube edge); each capture is kept. Order edges are shared as long as the
-    captures have their ops."""
+    a 3D U-Net's cube edge); each capture is kept. Order edges are shared between captures
+    of near sizes that have their ops (`simulator.engine.EDGE_REUSE`)."""
 
     capture_at: Callable[[int], Captured]
     device: DevicePreset | None
