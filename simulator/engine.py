@@ -41,7 +41,7 @@ from simulator.derive import (
 from simulator.heap import GRANULARITY, round_up
 from simulator.memory import paused_gc
 from simulator.opsemantics import fused_together
-from simulator.order_edges import Edge, find_order_edges
+from simulator.order_edges import Edge, deferral_edges, find_order_edges, grouped
 from simulator.prefetch import prefetch
 from simulator.timing import Link
 
@@ -137,15 +137,27 @@ class Engine:
         if self._serialized is None:
             edges = self._shared_edges()
             if edges is None:
-                edges = find_order_edges(
-                    self.graph,
-                    self._least_memory,
-                    start_level=self.backward_level(),
-                    together=fused_together(self.graph),
-                )
+                edges = self._order_edges()
                 self.shared.setdefault("edges", {})[self.lower_bound] = edges
             self._serialized = self._with_edges(edges)
         return self._serialized
+
+    def _order_edges(self) -> tuple[Edge, ...]:
+        """Deferral edges (ops made from held buffers wait for their readers' other inputs)
+        if they lower the least-memory peak (an op run later may also make a short-lived
+        output at a fuller moment), then the edges `find_order_edges` finds after them."""
+        together = fused_together(self.graph)
+        deferred = deferral_edges(self.graph, self.order)
+        deferred = tuple(e for d in deferred for e in grouped(d, together))
+        graph = self.graph.with_control_edges(deferred)
+        if deferred:
+            peak = self._least_memory(self.graph)[0].peak_bytes
+            if self._least_memory(graph)[0].peak_bytes >= peak:
+                deferred, graph = (), self.graph
+        found = find_order_edges(
+            graph, self._least_memory, start_level=self.backward_level(), together=together
+        )
+        return deferred + found
 
     def _shared_edges(self) -> tuple[Edge, ...] | None:
         """Edges found for a graph of this step whose lower bound is within `EDGE_REUSE` of

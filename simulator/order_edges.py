@@ -16,6 +16,14 @@ large live buffers, it tries two kinds:
 
 It keeps the edge that lowers the simulated peak most, and repeats until no edge lowers it.
 On ResNet-50 at batch 1000, the least-memory plan's peak goes from 24.9 GiB to 12.9 GiB.
+
+`deferral_edges` are found without a search. An op that reads only what the step holds from
+its start (variables, constants, its inputs) is ready when the step starts, and TensorFlow's
+executor runs it then; its output is held until its reader's other inputs are made. An
+optimizer's terms such as `momentum * velocity` are such ops: in ResNet-50's step with SGD and
+momentum, 98 MiB of them are made at the start of the step and read only by the updates at its
+end. The edge (the reader's last other input, the op) makes each when it is needed: at batch
+1131 on v100-16gb-nvlink2 the least-memory plan's peak goes from 14.55 GiB to 14.45 GiB.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from simulator.graph import Graph, GraphError
 from simulator.memory import SimResult
 from simulator.order import Order
 
-__all__ = ["Edge", "find_order_edges"]
+__all__ = ["Edge", "deferral_edges", "find_order_edges", "grouped"]
 
 Edge = tuple[str, str]
 #: The simulation of a graph: its result and the order it walked.
@@ -57,7 +65,7 @@ def find_order_edges(
     for _ in range(rounds):
         best: tuple[int, tuple[Edge, ...], Graph, SimResult, Order] | None = None
         for edge in _candidates(current, result, order, start_level, largest):
-            group = _grouped(edge, together or {})
+            group = grouped(edge, together or {})
             trial = current.with_control_edges(group)
             try:
                 r, o = peak_of(trial)
@@ -72,7 +80,42 @@ def find_order_edges(
     return tuple(edges)
 
 
-def _grouped(edge: Edge, together: Mapping[str, tuple[str, ...]]) -> tuple[Edge, ...]:
+def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
+    """Edges `(source, op)` for each op with device outputs that reads only buffers held from
+    the start of the step: `source` is the latest (in `order`) other input of its first
+    reader, when it comes later than the op. See the module's docstring.
+
+    Each deferred op takes the place right after its source in `order`; an op whose input is
+    made by an op deferred past that place stays where it is. Every edge then runs forward in
+    the new order (the source precedes every reader of the op), so the edges make no cycle.
+    """
+    pos = order.position
+    at: dict[str, float] = {}  # a deferred op's place: after its source, in the original order
+    out: list[Edge] = []
+    for name in order.ops:
+        op = graph.ops[name]
+        made = [graph.tensors[t] for j, t in enumerate(op.outputs) if j not in op.forwards]
+        if not op.inputs or not any(t.nbytes and t.kind.on_device for t in made):
+            continue
+        if any(graph.tensors[graph.buffer_root(t)].kind.on_device for t in op.inputs):
+            continue
+        readers = [c for t in op.outputs for c in graph.tensors[t].consumers]
+        if not readers:
+            continue
+        first = min(readers, key=pos.__getitem__)
+        others = (p for p in graph.predecessors(first) if p != name)
+        source = max(others, key=pos.__getitem__, default=None)
+        if source is None or pos[source] < pos[name]:
+            continue
+        place = pos[source] + 0.5 + pos[name] / (2 * len(pos))
+        if all(at.get(p, pos[p]) < place for p in graph.predecessors(name)):
+            at[name] = place
+            out.append((source, name))
+    return tuple(out)
+
+
+def grouped(edge: Edge, together: Mapping[str, tuple[str, ...]]) -> tuple[Edge, ...]:
+    """`edge` into and out of each op run as one kernel with its ends (`together`)."""
     before, after = edge
     return tuple(
         (a, b) for a in together.get(before, (before,)) for b in together.get(after, (after,))

@@ -1,6 +1,9 @@
 from simulator.derive import PlanParams
 from simulator.engine import EDGE_REUSE, Engine
-from tests.simulator.builders import training_branches, training_chain
+from simulator.graph import Graph, TensorKind
+from simulator.order_edges import deferral_edges
+from tests.simulator.builders import add, training_branches, training_chain
+from tests.simulator.test_order_edges import momentum_step
 
 
 def test_serialize_evaluates_the_graph_with_order_edges_and_lowers_the_peak() -> None:
@@ -55,3 +58,27 @@ def test_shared_edges_naming_ops_a_graph_lacks_are_found_again() -> None:
     plan = engine.evaluate(PlanParams(serialize=True)).plan
     assert plan.order_edges and all(n in engine.graph.ops for e in plan.order_edges for n in e)
     assert engine.shared["edges"][engine.lower_bound] == plan.order_edges
+
+
+def test_serialize_keeps_deferral_edges_that_lower_the_peak() -> None:
+    engine = Engine.build(momentum_step())
+    serial = engine.evaluate(PlanParams(n_tensors=0, serialize=True))
+    assert ("grad", "decay") in serial.plan.order_edges
+    assert serial.peak_bytes < engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
+
+
+def test_serialize_drops_deferral_edges_that_raise_the_peak() -> None:
+    # `spike` reads only the input and makes a large output nobody reads: run at the start it
+    # holds it alone for a moment; deferred to its reader, next to `a` and `b`
+    g = Graph("spike")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    spike = add(g, "spike", x, [1 << 16, 16])
+    a = add(g, "a", x, 1 << 15)
+    b = add(g, "b", a, 1 << 15)
+    r = add(g, "r", spike[1:] + b, 16)
+    g.mark_outputs(add(g, "out", a + r, 16))
+    engine = Engine.build(g)
+    assert deferral_edges(g, engine.order) == (("b", "spike"),)
+    serial = engine.evaluate(PlanParams(n_tensors=0, serialize=True))
+    assert serial.plan.order_edges == ()
+    assert serial.peak_bytes == engine.evaluate(PlanParams(n_tensors=0)).peak_bytes

@@ -10,7 +10,7 @@ from simulator import (
     compile_program,
     simulate_memory,
 )
-from simulator.order_edges import find_order_edges
+from simulator.order_edges import deferral_edges, find_order_edges
 from tests.simulator.builders import add, random_graphs
 
 
@@ -137,3 +137,46 @@ def test_order_edges_keep_the_graph_acyclic_and_only_lower_the_peak(g: Graph) ->
         lower = live_peak(g.with_control_edges(edges[:k]))[0].peak_bytes  # orders: no cycle
         assert lower < peak
         peak = lower
+
+
+def momentum_step() -> Graph:
+    """SGD with momentum on one weight: `decay` (momentum x velocity) reads only a variable,
+    so it is ready when the step starts, but only the update reads it, with the gradient."""
+    g = Graph("momentum_step")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    velocity = add(g, "velocity", [], 4096, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    decay = add(g, "decay", velocity, 4096)
+    a = add(g, "a", x, 8192)
+    b = add(g, "b", a, 8192)
+    grad = add(g, "grad", a + b, 4096)
+    g.mark_outputs(add(g, "update", decay + grad, 4096))
+    return g
+
+
+def test_an_op_made_from_held_buffers_waits_for_its_readers_other_input() -> None:
+    g = momentum_step()
+    result, order = live_peak(g)
+    assert order.position["decay"] < order.position["a"]  # made at the start, held meanwhile
+    edges = deferral_edges(g, order)
+    assert edges == (("grad", "decay"),)
+    lower, later = live_peak(g.with_control_edges(edges))
+    assert later.position["decay"] > later.position["grad"]
+    assert result.peak_bytes - lower.peak_bytes == 4096
+
+
+def test_an_op_is_deferred_only_up_to_its_first_reader() -> None:
+    g = Graph("two_readers")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    w = add(g, "w", [], 256, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    m = add(g, "m", w, 1024)
+    a = add(g, "a", x, 1024)
+    b = add(g, "b", a, 1024)
+    g.mark_outputs(add(g, "r1", m + a, 256) + add(g, "r2", m + b, 256))
+    assert deferral_edges(g, live_peak(g)[1]) == (("a", "m"),)  # not past r1, to b
+
+
+@settings(max_examples=80, deadline=None)
+@given(random_graphs())
+def test_deferral_edges_keep_the_graph_acyclic(g: Graph) -> None:
+    edges = deferral_edges(g, live_peak(g)[1])
+    categorized_order(g.with_control_edges(edges))  # raises GraphError on a cycle
