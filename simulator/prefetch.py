@@ -14,6 +14,11 @@ there:
   of every step in between (`live`, the plan's simulated live bytes per step), which must stay
   within `limit`.
 
+Then, where the memory left still allows, a copy is kept on the device from its last reader
+to the next copy of the same tensor, which is dropped: the tensor crosses the link once less
+(on ResNet-50 at batch 1131, v100-16gb-pcie3, a plan's host-to-device bytes went from 66.3 to
+62.9 GiB and its step from 2.91x to 2.85x the step without swapping).
+
 Triggers stay in the backward pass, after the tensor's last forward reader, and before the
 level of the copy's first reader (no cycle, as in `derive.check_plan`); a copy is never
 triggered before one needed earlier, so that the stream gets them in the order they are needed
@@ -66,7 +71,27 @@ def prefetch(
             room[q:t] += swap.nbytes
             moved[i, k] = order.ops[q]
         queued = max(queued, q)
-    return _with_triggers(plan, moved, pos) if moved else plan
+    plan = _with_triggers(plan, moved, pos) if moved else plan
+    return _kept(plan, room, limit, pos)
+
+
+def _kept(plan: SwapPlan, room: np.ndarray, limit: int, pos: dict[str, int]) -> SwapPlan:
+    """`plan` with each swap-in merged into the copy before it where the memory left in `room`
+    (edited in place) holds that copy from its last reader to the swap-in's trigger, or where
+    it is triggered before that reader (as `merge_overlapping`)."""
+    swaps = []
+    for swap in plan.swaps:
+        ins: list[SwapIn] = []
+        for s in swap.swap_ins:
+            if ins:
+                last, t = max(pos[c] for c in ins[-1].consumers), pos[s.trigger]
+                if int(room[last + 1 : t].max(initial=0)) + swap.nbytes <= limit or t <= last:
+                    room[last + 1 : t] += swap.nbytes  # (nothing when the copies overlap)
+                    ins[-1] = SwapIn(ins[-1].trigger, ins[-1].consumers + s.consumers)
+                    continue
+            ins.append(s)
+        swaps.append(replace(swap, swap_ins=tuple(ins)) if len(ins) < len(swap.swap_ins) else swap)
+    return replace(plan, swaps=tuple(swaps))
 
 
 def _latest_starts(

@@ -3,10 +3,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import Graph, get_preset
+from simulator import Graph, TensorKind, get_preset
 from simulator.derive import PlanParams, check_plan
 from simulator.engine import Engine
-from tests.simulator.builders import training_chain
+from tests.simulator.builders import add, training_chain
 from tests.simulator.test_swap_properties import params, training_graphs
 
 JIT = PlanParams(ub=1, sync_out=True)
@@ -83,3 +83,34 @@ def test_copies_of_one_tensor_live_at_once_are_merged() -> None:
     merged = merge_overlapping(swap, pos)
     assert merged.swap_ins == (SwapIn("t1", ("r1", "r2")), SwapIn("t3", ("r3",)))
     assert merge_overlapping(merged, pos) is merged
+
+
+def read_twice() -> Graph:
+    """f1 is read by b2 and again by b0, three backward ops later."""
+    g = Graph("read_twice")
+    x = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+    f1 = add(g, "f1", x, 1024)
+    f2 = add(g, "f2", f1, 1024)
+    b3 = add(g, "gradient_tape/b3", f2, 1024)
+    b2 = add(g, "gradient_tape/b2", b3 + f1, 1024)
+    b1 = add(g, "gradient_tape/b1", add(g, "gradient_tape/b1a", b2, 1024), 1024)
+    g.mark_outputs(add(g, "gradient_tape/b0", b1 + f1, 1024))
+    return g
+
+
+def test_a_copy_is_kept_for_the_next_reader_where_the_memory_allows() -> None:
+    engine = _engine(read_twice(), 1e9)  # a link so fast that no copy needs moving
+    jit = replace(JIT, groupby=0)
+    plain = engine.evaluate(jit)
+    f1 = next(s for s in plain.plan.swaps if s.tensor == "f1:0")
+    assert [i.consumers for i in f1.swap_ins] == [("gradient_tape/b2",), ("gradient_tape/b0",)]
+    live = plain.result.memory.trace.live_by_step(len(engine.order.ops), 0)
+    pos = engine.order.position
+    # kept, the first copy also holds its bytes after b2 until the second copy's trigger
+    held = int(live[pos["gradient_tape/b2"] + 1 : pos[f1.swap_ins[1].trigger]].max())
+    for limit, copies in ((held + 1024, 1), (held + 1023, 2)):
+        kept = engine.evaluate(replace(jit, prefetch_bytes=limit)).plan
+        (swap,) = [s for s in kept.swaps if s.tensor == "f1:0"]
+        assert len(swap.swap_ins) == copies
+        readers = {c for i in swap.swap_ins for c in i.consumers}
+        assert readers == {"gradient_tape/b2", "gradient_tape/b0"}
