@@ -139,3 +139,30 @@ def training_branches(big: int = 1 << 20) -> Graph:
         grads += add(g, f"gradient_tape/{br}3", one + two, 1024)
     g.mark_outputs(add(g, "gradient_tape/f", grads, 1024))
     return g
+
+
+def momentum_step() -> Graph:
+    """SGD with momentum on one weight: `decay` (momentum x velocity) reads only a variable,
+    so it is ready when the step starts, but only the update reads it, with the gradient."""
+    g = Graph("momentum_step")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    velocity = add(g, "velocity", [], 4096, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    decay = add(g, "decay", velocity, 4096)
+    a = add(g, "a", x, 8192)
+    b = add(g, "b", a, 8192)
+    grad = add(g, "grad", a + b, 4096)
+    g.mark_outputs(add(g, "update", decay + grad, 4096))
+    return g
+
+
+def read_twice() -> Graph:
+    """f1 is read by b2 and again by b0, three backward ops later."""
+    g = Graph("read_twice")
+    x = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+    f1 = add(g, "f1", x, 1024)
+    f2 = add(g, "f2", f1, 1024)
+    b3 = add(g, "gradient_tape/b3", f2, 1024)
+    b2 = add(g, "gradient_tape/b2", b3 + f1, 1024)
+    b1 = add(g, "gradient_tape/b1", add(g, "gradient_tape/b1a", b2, 1024), 1024)
+    g.mark_outputs(add(g, "gradient_tape/b0", b1 + f1, 1024))
+    return g

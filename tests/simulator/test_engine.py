@@ -2,8 +2,7 @@ from simulator.derive import PlanParams
 from simulator.engine import EDGE_REUSE, Engine
 from simulator.graph import Graph, TensorKind
 from simulator.order_edges import deferral_edges
-from tests.simulator.builders import add, training_branches, training_chain
-from tests.simulator.test_order_edges import momentum_step
+from tests.simulator.builders import add, momentum_step, training_branches, training_chain
 
 
 def test_serialize_evaluates_the_graph_with_order_edges_and_lowers_the_peak() -> None:

@@ -11,7 +11,7 @@ from simulator import (
     simulate_memory,
 )
 from simulator.order_edges import deferral_edges, find_order_edges
-from tests.simulator.builders import add, random_graphs
+from tests.simulator.builders import add, momentum_step, random_graphs
 
 
 def live_peak(g: Graph) -> tuple[SimResult, Order]:
@@ -137,20 +137,6 @@ def test_order_edges_keep_the_graph_acyclic_and_only_lower_the_peak(g: Graph) ->
         lower = live_peak(g.with_control_edges(edges[:k]))[0].peak_bytes  # orders: no cycle
         assert lower < peak
         peak = lower
-
-
-def momentum_step() -> Graph:
-    """SGD with momentum on one weight: `decay` (momentum x velocity) reads only a variable,
-    so it is ready when the step starts, but only the update reads it, with the gradient."""
-    g = Graph("momentum_step")
-    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
-    velocity = add(g, "velocity", [], 4096, type="VarHandleOp", kind=TensorKind.VARIABLE)
-    decay = add(g, "decay", velocity, 4096)
-    a = add(g, "a", x, 8192)
-    b = add(g, "b", a, 8192)
-    grad = add(g, "grad", a + b, 4096)
-    g.mark_outputs(add(g, "update", decay + grad, 4096))
-    return g
 
 
 def test_an_op_made_from_held_buffers_waits_for_its_readers_other_input() -> None:

@@ -3,10 +3,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import Graph, TensorKind, get_preset
+from simulator import Graph, get_preset
 from simulator.derive import PlanParams, check_plan
 from simulator.engine import Engine
-from tests.simulator.builders import add, training_chain
+from tests.simulator.builders import read_twice, training_chain
 from tests.simulator.test_swap_properties import params, training_graphs
 
 JIT = PlanParams(ub=1, sync_out=True)
@@ -83,19 +83,6 @@ def test_copies_of_one_tensor_live_at_once_are_merged() -> None:
     merged = merge_overlapping(swap, pos)
     assert merged.swap_ins == (SwapIn("t1", ("r1", "r2")), SwapIn("t3", ("r3",)))
     assert merge_overlapping(merged, pos) is merged
-
-
-def read_twice() -> Graph:
-    """f1 is read by b2 and again by b0, three backward ops later."""
-    g = Graph("read_twice")
-    x = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
-    f1 = add(g, "f1", x, 1024)
-    f2 = add(g, "f2", f1, 1024)
-    b3 = add(g, "gradient_tape/b3", f2, 1024)
-    b2 = add(g, "gradient_tape/b2", b3 + f1, 1024)
-    b1 = add(g, "gradient_tape/b1", add(g, "gradient_tape/b1a", b2, 1024), 1024)
-    g.mark_outputs(add(g, "gradient_tape/b0", b1 + f1, 1024))
-    return g
 
 
 def test_a_copy_is_kept_for_the_next_reader_where_the_memory_allows() -> None:
