@@ -31,6 +31,7 @@ _PLAN_FLAGS = (
     "sync_out",
     "sync_lag",
     "serialize",
+    "backward_swaps",
     "include_types",
     "exclude_types",
     "include_scopes",
@@ -103,6 +104,13 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="add order edges that keep the backward pass from holding large tensors at once",
+    )
+    g.add_argument(
+        "--backward-swaps",
+        action="store_const",
+        const=True,
+        help="with --n-tensors -1, also swap tensors the backward pass makes and first reads "
+        "at least --threshold levels later (weight gradients held for the optimizer)",
     )
     g.add_argument(
         "--recompute",

@@ -62,7 +62,7 @@ def _exact(params: PlanParams) -> PlanParams:
 
 def _assert_same_step(
     model: str, params: PlanParams, exact: bool = True, mode: str = "emulated"
-) -> None:
+) -> SwapPlan:
     (a, cap_a), (b, _), tuned = _twins(model, _exact(params) if exact else params, mode)
     inputs = example_tensors(cap_a.specs, seed=7)
     loss_a, loss_b = cap_a.concrete_function(*inputs), tuned(*inputs)
@@ -78,6 +78,7 @@ def _assert_same_step(
     assert not np.array_equal(np.asarray(a.model.weights[0]), np.asarray(fresh))
     assert tuned.plan.swaps or params.n_tensors == 0
     assert tuned.plan.order_edges or not params.serialize
+    return tuned.plan
 
 
 @pytest.mark.parametrize("model", EXACT)
@@ -94,6 +95,16 @@ def _assert_same_step(
 )
 def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanParams) -> None:
     _assert_same_step(model, params)
+
+
+@pytest.mark.parametrize("model", EXACT)
+@pytest.mark.parametrize("mode", ["emulated", "device"])
+def test_swapped_backward_tensors_train_bitwise_like_the_original(model: str, mode: str) -> None:
+    plan = _assert_same_step(model, PlanParams(ub=1, sync_out=True, backward_swaps=True), mode=mode)
+    made_in_backward = [s for s in plan.swaps if s.tensor.startswith("gradient_tape/")]
+    assert made_in_backward  # weight gradients held for the optimizer, say
+    assert any(not c.startswith("gradient_tape/") for s in made_in_backward for i in s.swap_ins
+               for c in i.consumers)  # fmt: skip
 
 
 @pytest.mark.parametrize("model", EXACT)

@@ -44,7 +44,7 @@ else:
     zm = get_entry(model).build()
     m, loss, opt = zm.model, zm.loss, zm.optimizer
 cap = capture(m, loss=loss, optimizer=opt, batch_size=2)
-plan = plan_for(cap, PlanParams(sync_out=True, serialize=True))
+plan = plan_for(cap, PlanParams(sync_out=True, serialize=True, backward_swaps=True))
 tuned = apply_plan(cap, plan, pin_order=pin)
 tuned(*example_tensors(cap.specs))
 print(json.dumps({"swaps": len(plan.swaps)}))

@@ -166,3 +166,20 @@ def read_twice() -> Graph:
     b1 = add(g, "gradient_tape/b1", add(g, "gradient_tape/b1a", b2, 1024), 1024)
     g.mark_outputs(add(g, "gradient_tape/b0", b1 + f1, 1024))
     return g
+
+
+def held_gradient() -> Graph:
+    """training_chain whose b3 also makes a weight gradient `gw` that only the optimizer's
+    `update`, after the whole backward pass (four levels later), reads."""
+    g = Graph("held_gradient")
+    x = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+    f1 = add(g, "f1", x, 1024)
+    f2 = add(g, "f2", f1, 1024)
+    f3 = add(g, "f3", f2, 1024)
+    b3 = add(g, "gradient_tape/b3", f3, 1024)
+    gw = add(g, "gradient_tape/gw", b3 + f2, 8192)
+    b2 = add(g, "gradient_tape/b2", b3 + f2, 1024)
+    b1 = add(g, "gradient_tape/b1", b2 + f1, 1024)
+    b0 = add(g, "gradient_tape/b0", add(g, "gradient_tape/b1a", b1, 1024) + x, 4096)
+    g.mark_outputs(add(g, "sgd/update", gw + b0, 256))
+    return g

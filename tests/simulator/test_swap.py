@@ -16,7 +16,7 @@ from simulator import (
     simulate_plan,
 )
 from simulator.derive import PlanContext, PlanParams, derive_plan
-from tests.simulator.builders import add, training_chain, unet_skip
+from tests.simulator.builders import add, held_gradient, training_chain, unet_skip
 
 
 def plan_for(g, **params):  # type: ignore[no-untyped-def]
@@ -299,3 +299,27 @@ def test_a_swapped_in_copy_last_read_where_the_walk_has_nothing_else_to_do_is_fr
     r = simulate_plan(program, g, SwapPlan((Swap("f1:0", 1024, swap_ins),)))
     frees = [e.step for e in r.memory.trace if e.kind.name == "FREE" and e.tensor == "f1:0@in0"]
     assert frees == [r1]
+
+
+def test_backward_swaps_swap_a_gradient_held_for_the_optimizer() -> None:
+    g = held_gradient()
+    ctx = PlanContext.build(g)
+    late = [c.tensor for c in ctx.candidates if c.made_in_backward]
+    assert late == ["gradient_tape/gw:0"] and ctx.candidates[-1].tensor == late[0]
+    original = derive_plan(ctx, PlanParams(ub=1))  # the original tool's: forward tensors only
+    assert "gradient_tape/gw:0" not in {s.tensor for s in original.swaps}
+    plan = derive_plan(ctx, PlanParams(ub=1, backward_swaps=True))
+    (gw,) = [s for s in plan.swaps if s.tensor == "gradient_tape/gw:0"]
+    assert gw.rerouted == {"sgd/update"}  # every reader reads the copy
+    program = compile_program(g)
+    before, after = (simulate_plan(program, g, p).memory for p in (original, plan))
+    assert before.peak_op == "gradient_tape/b0" and after.peak_op == "sgd/update"
+    assert after.peak_bytes < before.peak_bytes
+    # `n_tensors` reaches it only after every forward candidate
+    capped = PlanParams(n_tensors=len(original.swaps), ub=1, backward_swaps=True)
+    assert derive_plan(ctx, capped).swaps == original.swaps
+
+
+def test_a_backward_tensor_read_at_the_next_level_is_no_candidate() -> None:
+    ctx = PlanContext.build(training_chain())
+    assert not any(c.made_in_backward for c in ctx.candidates)
