@@ -49,6 +49,8 @@ __all__ = ["Engine", "Evaluation"]
 
 #: at most this many rounds of swapping recomputes that hold bytes at the peak instead
 GUARD_ROUNDS = 8
+#: with backward tensors swapped, at most this many rounds of prefetching under a lower limit
+PREFETCH_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -241,13 +243,29 @@ class Engine:
         return bare.result.memory.live_peak_bytes, sum(sizes), min(rates, default=0.0)
 
     def _prefetched(self, plan: SwapPlan, limit: int, link: Link) -> SwapPlan:
-        """`plan` with swap-ins moved earlier where its live bytes leave room under `limit`."""
+        """`plan` with swap-ins moved earlier where its live bytes leave room under `limit`.
+
+        With tensors of the backward pass swapped, fewer stalls make their device copies live
+        longer (until their copies to the host end, at later steps), which the live bytes
+        simulated before the moves do not show: while the moved plan's live peak passes
+        `limit`, the moves are made again under a limit lower by the excess (at most
+        `PREFETCH_ROUNDS` times)."""
         assert self.timeline is not None
         first = simulate_plan(self.program, self.graph, plan, timeline=self.timeline, link=link)
         memory = first.memory
         live = memory.trace.live_by_step(len(self.order.ops), memory.persistent_bytes)
-        start = self._backward_start
-        return prefetch(self.graph, self.timeline, plan, live, limit, link, start)
+        start, backward = self._backward_start, self.context.backward
+        late = any(self.graph.tensors[s.tensor].producer in backward for s in plan.swaps)
+        room = limit
+        for _ in range(PREFETCH_ROUNDS if late else 1):
+            moved = prefetch(self.graph, self.timeline, plan, live, room, link, start, backward)
+            if not late:
+                break
+            peak = self._simulate(moved, link, True, False).memory.live_peak_bytes
+            if peak <= limit:
+                break
+            room -= peak - limit
+        return moved
 
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""

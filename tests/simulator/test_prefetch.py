@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from simulator import Graph, get_preset
 from simulator.derive import PlanParams, check_plan
 from simulator.engine import Engine
-from tests.simulator.builders import read_twice, training_chain
+from tests.simulator.builders import held_gradient, read_twice, training_chain
 from tests.simulator.test_swap_properties import params, training_graphs
 
 JIT = PlanParams(ub=1, sync_out=True)
@@ -101,3 +101,13 @@ def test_a_copy_is_kept_for_the_next_reader_where_the_memory_allows() -> None:
         assert len(swap.swap_ins) == copies
         readers = {c for i in swap.swap_ins for c in i.consumers}
         assert readers == {"gradient_tape/b2", "gradient_tape/b0"}
+
+
+def test_copies_of_tensors_the_backward_pass_makes_are_not_moved() -> None:
+    engine = _engine(held_gradient(), 1024.0)  # slow: every copy would be moved if it could
+    jit = replace(JIT, backward_swaps=True)
+    plain = engine.evaluate(jit).plan
+    early = engine.evaluate(replace(jit, prefetch_bytes=1 << 30)).plan
+    triggers = [{s.tensor: s.swap_ins[0].trigger for s in p.swaps} for p in (plain, early)]
+    assert triggers[0]["gradient_tape/gw:0"] == triggers[1]["gradient_tape/gw:0"]
+    assert any(triggers[0][t] != triggers[1][t] for t in triggers[0] if t.startswith("f"))
