@@ -107,8 +107,9 @@ class Budget:
         return " and ".join(over)
 
 
-#: The plan that saves the most memory, with order edges: ours' second warm start.
-LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True)
+#: The plan that saves the most memory, with order edges and backward tensors swapped too: ours'
+#: second warm start.
+LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True, backward_swaps=True)
 #: The recompute-only baseline: no swapping, every cheap chain recomputed.
 RECOMPUTE_ONLY = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS)
 #: The range of the share of the budget prefetched swap-ins may fill (of the live bytes: the
@@ -129,8 +130,9 @@ def check_recompute(recompute: str) -> str:
 
 @dataclass(frozen=True)
 class Space:
-    """The parameter ranges of one graph: its swap candidates and its number of levels, and
-    whether recomputes are searched ("search") or fixed ("none", "cheap")."""
+    """The parameter ranges of one graph: its forward swap candidates (all of them, and only
+    then, may bring the backward ones: `PlanParams.backward_swaps`) and its number of levels,
+    and whether recomputes are searched ("search") or fixed ("none", "cheap")."""
 
     candidates: int
     levels: int
@@ -145,7 +147,7 @@ class Space:
 
     @classmethod
     def of(cls, engine: Engine, recompute: str = "search", budget_bytes: int = 0) -> Space:
-        n = max(1, len(engine.context.candidates))
+        n = max(1, sum(not c.made_in_backward for c in engine.context.candidates))
         timed = engine.timeline is not None and engine.device is not None
         levels = max(2, engine.order.n_levels)
         return cls(n, levels, recompute, budget_bytes if timed else 0, budget_bytes)
@@ -167,6 +169,8 @@ class Space:
             serialize=trial.suggest_categorical("serialize", [False, True]),
             prefetch_bytes=self._suggest_prefetch(trial),
             **self._suggest_recompute(trial),
+            backward_swaps=n == self.candidates
+            and trial.suggest_categorical("backward_swaps", [False, True]),
         )
 
     def _suggest_sync(self, trial: Any) -> dict[str, Any]:
@@ -213,6 +217,7 @@ class Space:
             "recompute": p.recompute if self.recompute == "search" else self.recompute,
             "recompute_ops": min(p.recompute_ops, RECOMPUTE_MAX_OPS),
             **self._prefetch_params(p),
+            **({"backward_swaps": p.backward_swaps} if n == self.candidates else {}),
         }
 
     def _prefetch_params(self, p: PlanParams) -> dict[str, Any]:
@@ -230,11 +235,13 @@ class Space:
         return self.of_params(LEAST_MEMORY_ORDERED)
 
     def starts(self) -> list[dict[str, Any]]:
-        """A new study's first trials: the original defaults, the least-memory plan and, when
-        recomputes are searched, the least-memory plan with them and recompute only; with a
-        time model, last, the least-memory plan (with recomputes unless the run forbids them)
-        with its swap-ins as early as the budget leaves room for, and that plan again with
-        the forward pass let run 1/SYNC_LAG_SHARE of the levels ahead of its swap-outs."""
+        """A new study's first trials: the original defaults, the least-memory plan (backward
+        tensors swapped too) and, when recomputes are searched, the least-memory plan with them
+        and recompute only; with a time model, last, the least-memory plan without backward
+        swaps (with recomputes unless the run forbids them) with its swap-ins as early as the
+        budget leaves room for, that plan again with the forward pass let run
+        1/SYNC_LAG_SHARE of the levels ahead of its swap-outs, and the latter with backward
+        swaps."""
         out = [self.defaults(), self.least_memory()]
         if self.recompute == "search":
             cheap = replace(
@@ -243,9 +250,15 @@ class Space:
             out += [self.of_params(cheap), self.of_params(RECOMPUTE_ONLY)]
         if self.budget_bytes:
             mode = "none" if self.recompute == "none" else "cheap"
-            early = replace(LEAST_MEMORY_ORDERED, recompute=mode, prefetch_bytes=self.budget_bytes)
+            early = replace(
+                LEAST_MEMORY_ORDERED,
+                recompute=mode,
+                prefetch_bytes=self.budget_bytes,
+                backward_swaps=False,
+            )
             lagged = replace(early, sync_lag=max(2, self.levels // SYNC_LAG_SHARE))
-            out += [self.of_params(early), self.of_params(lagged)]
+            both = replace(lagged, backward_swaps=True)
+            out += [self.of_params(early), self.of_params(lagged), self.of_params(both)]
         return out
 
     def neighbours(
@@ -255,7 +268,7 @@ class Space:
         tensors (counted from `swapped`, the tensors its plan swapped, when given: `n_tensors`
         caps the swaps, and recomputes and the threshold leave fewer), a swap-in window,
         fusion distance, threshold and forward lag halved or doubled, a recompute chain one op
-        shorter or longer, a prefetch share 0.05 apart."""
+        shorter or longer, a prefetch share 0.05 apart, backward swaps on or off."""
         out: list[dict[str, Any]] = []
 
         def move(key: str, value: Any, low: Any, high: Any) -> None:
@@ -280,9 +293,17 @@ class Space:
         share = params.get("prefetch_share", 0.0)
         for x in (round(share - 0.05, 4), round(share + 0.05, 4)):
             move("prefetch_share", x, *PREFETCH_SHARES)
+        if "backward_swaps" in params:
+            out.append({**params, "backward_swaps": not params["backward_swaps"]})
         if params.get("ub", 1) < params.get("lb", 1):  # ub halved under lb: lb follows
             out = [{**q, "lb": min(q["lb"], q["ub"])} for q in out]
-        return out
+        return [self._with_backward(q) for q in out]
+
+    def _with_backward(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` with `backward_swaps` where every candidate is swapped, and only there."""
+        if params.get("n_tensors") != self.candidates:
+            return {k: v for k, v in params.items() if k != "backward_swaps"}
+        return {"backward_swaps": False, **params}
 
     def defaults(self) -> dict[str, Any]:
         """The original tool's defaults as trial parameters (ub=10000 reaches every level)."""

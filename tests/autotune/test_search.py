@@ -55,7 +55,7 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     trial = optuna.trial.FixedTrial(
         {"n_tensors": 20, "lb": 40, "ub": 7, "threshold": 3, "groupby": 2, "trigger": "chain_rule",
          "sync_out": True, "sync_lag": 9, "serialize": True, "recompute": "cheap",
-         "recompute_ops": 3}
+         "recompute_ops": 3, "backward_swaps": False}
     )  # fmt: skip
     p = space.suggest(trial)
     assert (p.n_tensors, p.lb, p.ub, p.threshold, p.groupby) == (-1, 7, 40, 3, 2)
@@ -63,6 +63,23 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     assert (p.recompute, p.recompute_ops) == ("cheap", 3)
     assert space.of_params(p)["serialize"] is True and space.of_params(p)["sync_lag"] == 9
     assert space.least_memory()["serialize"] is True and space.defaults()["serialize"] is False
+    assert not p.backward_swaps and space.of_params(p)["backward_swaps"] is False
+    both = space.suggest(optuna.trial.FixedTrial({**trial.params, "backward_swaps": True}))
+    assert both.backward_swaps and space.of_params(both)["backward_swaps"] is True
+    # asked for only when every forward candidate is swapped
+    some = space.suggest(optuna.trial.FixedTrial({**trial.params, "n_tensors": 19}))
+    assert not some.backward_swaps and "backward_swaps" not in space.of_params(some)
+    for q in space.neighbours(space.of_params(some)):  # 3 % more swaps is every one of them
+        assert ("backward_swaps" in q) == (q["n_tensors"] == 20)
+
+
+def test_the_space_counts_forward_candidates_all_of_which_bring_backward_ones() -> None:
+    from simulator.engine import Engine
+    from tests.simulator.builders import held_gradient
+
+    engine = Engine.build(held_gradient())
+    forward = [c for c in engine.context.candidates if not c.made_in_backward]
+    assert Space.of(engine).candidates == len(forward) < len(engine.context.candidates)
 
 
 def test_a_sampled_lag_of_one_level_is_the_readers_own_wait() -> None:
@@ -162,6 +179,7 @@ def test_study_starts_from_the_original_defaults(engine) -> None:  # type: ignor
     assert first.user_attrs["plan_params"] == PlanParams().to_dict() | {
         "ub": Space.of(engine).levels
     }
+    assert second.user_attrs["plan_params"]["backward_swaps"] is True
 
 
 @pytest.mark.tf
