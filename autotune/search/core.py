@@ -519,7 +519,8 @@ def run_study(
     complete = (optuna.trial.TrialState.COMPLETE,)
     if warm_start and not study.trials:
         space = Space.of(engine, recompute, budget.bytes)
-        for params in (*space.starts(), *map(space.of_params, starts)):
+        queued = {_key(p): p for p in (*space.starts(), *map(space.of_params, starts))}
+        for params in list(queued.values())[:trials]:  # none left waiting past the budget
             study.enqueue_trial(params)
     left = trials - len(study.get_trials(deepcopy=False, states=complete))
     refine = []

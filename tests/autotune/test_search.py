@@ -258,6 +258,16 @@ def test_original_autotuner_fits_by_its_memory_only_simulation(engine) -> None: 
 
 
 @pytest.mark.tf
+def test_a_study_shorter_than_its_warm_starts_leaves_none_waiting(engine) -> None:  # type: ignore[no-untyped-def]
+    budget = budget_at(engine, 0.6)
+    assert len(Space.of(engine, budget_bytes=budget.bytes).starts()) > 3
+    out = run_study(engine, budget, in_memory_study("tpe", 0), 3)
+    states = [t.state.name for t in out.study.trials]
+    assert states == ["COMPLETE"] * 3
+    assert all("plan_params" in t.user_attrs for t in out.study.trials)
+
+
+@pytest.mark.tf
 def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  # type: ignore[no-untyped-def]
     budget = budget_at(engine, 0.8)
     original = original_autotuner(engine, budget)
