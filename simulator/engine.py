@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from simulator import (
     BFCModel,
     DevicePreset,
@@ -42,7 +44,7 @@ from simulator.heap import GRANULARITY, round_up
 from simulator.memory import paused_gc
 from simulator.opsemantics import fused_together
 from simulator.order_edges import Edge, deferral_edges, find_order_edges, grouped
-from simulator.prefetch import prefetch
+from simulator.prefetch import postpone_waits, prefetch
 from simulator.timing import Link
 
 __all__ = ["Engine", "Evaluation"]
@@ -243,7 +245,8 @@ class Engine:
         return bare.result.memory.live_peak_bytes, sum(sizes), min(rates, default=0.0)
 
     def _prefetched(self, plan: SwapPlan, limit: int, link: Link) -> SwapPlan:
-        """`plan` with swap-ins moved earlier where its live bytes leave room under `limit`.
+        """`plan` with the waits for synchronized swap-outs moved later and swap-ins earlier,
+        where its live bytes leave room under `limit` (`simulator.prefetch`).
 
         With tensors of the backward pass swapped, fewer stalls make their device copies live
         longer (until their copies to the host end, at later steps), which the live bytes
@@ -251,10 +254,12 @@ class Engine:
         `limit`, the moves are made again under a limit lower by the excess (at most
         `PREFETCH_ROUNDS` times)."""
         assert self.timeline is not None
-        first = simulate_plan(self.program, self.graph, plan, timeline=self.timeline, link=link)
-        memory = first.memory
-        live = memory.trace.live_by_step(len(self.order.ops), memory.persistent_bytes)
-        start, backward = self._backward_start, self.context.backward
+        backward = self.context.backward
+        if any(s.sync for s in plan.swaps):
+            live = self._live(plan, link)
+            plan = postpone_waits(self.graph, self.timeline, plan, live, limit, link, backward)
+        live = self._live(plan, link)
+        start = self._backward_start
         late = any(self.graph.tensors[s.tensor].producer in backward for s in plan.swaps)
         room = limit
         for _ in range(PREFETCH_ROUNDS if late else 1):
@@ -266,6 +271,12 @@ class Engine:
                 break
             room -= peak - limit
         return moved
+
+    def _live(self, plan: SwapPlan, link: Link | None) -> np.ndarray:
+        """The live device bytes at each step of `plan`, timed with a `link`."""
+        timeline = self.timeline if link else None
+        memory = simulate_plan(self.program, self.graph, plan, timeline=timeline, link=link).memory
+        return memory.trace.live_by_step(len(self.order.ops), memory.persistent_bytes)
 
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""

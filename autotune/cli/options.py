@@ -131,8 +131,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         "--prefetch",
         dest="prefetch_bytes",
         type=size_arg,
-        help="with --device: move swap-ins earlier while the live bytes stay within this size, "
-        "e.g. 14GiB (default: off)",
+        help="with --device: move swap-ins earlier, and with --sync-out the waits for "
+        "swap-outs later, while the live bytes stay within this size, e.g. 14GiB (default: off)",
     )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")

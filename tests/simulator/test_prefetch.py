@@ -111,3 +111,39 @@ def test_copies_of_tensors_the_backward_pass_makes_are_not_moved() -> None:
     triggers = [{s.tensor: s.swap_ins[0].trigger for s in p.swaps} for p in (plain, early)]
     assert triggers[0]["gradient_tape/gw:0"] == triggers[1]["gradient_tape/gw:0"]
     assert any(triggers[0][t] != triggers[1][t] for t in triggers[0] if t.startswith("f"))
+
+
+def test_a_synchronized_swap_out_is_waited_for_where_its_copy_ends() -> None:
+    engine = _engine(training_chain(), 1024.0)  # a copy takes an op's time
+    plain = engine.evaluate(JIT)
+    late = engine.evaluate(replace(JIT, prefetch_bytes=1 << 30))
+    assert all(not s.waiter for s in plain.plan.swaps)
+    waiters = {s.tensor: s.waiter for s in late.plan.swaps}
+    assert waiters["f1:0"] and waiters["f1:0"] not in engine.graph.tensors["f1:0"].consumers
+    check_plan(engine.graph, engine.order, late.plan)
+    stalls = [e.result.time.stalls for e in (plain, late)]
+    forward = [sum(s for k, s in st.items() if k < engine.order.position["gradient_tape/b3"])
+               for st in stalls]  # fmt: skip
+    assert forward[1] < forward[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(training_graphs(), params, st.floats(1e2, 1e6), st.integers(1, 1 << 20))
+def test_postponed_waits_keep_the_live_bytes_within_the_limit_or_the_plans_own_peak(
+    g: Graph, p: PlanParams, bw: float, limit: int
+) -> None:
+    from simulator.prefetch import postpone_waits
+    from simulator.run import simulate_plan
+
+    engine = _engine(g, bw)
+    plan = engine.evaluate(replace(p, sync_out=True, sync_lag=0, prefetch_bytes=0)).plan
+    link, timeline = engine.device.link, engine.timeline  # type: ignore[union-attr]
+
+    def live(plan):  # type: ignore[no-untyped-def]
+        m = simulate_plan(engine.program, g, plan, timeline=timeline, link=link).memory
+        return m.trace.live_by_step(len(engine.order.ops), m.persistent_bytes)
+
+    before = live(plan)
+    after = postpone_waits(g, timeline, plan, before, limit, link, engine.context.backward)
+    check_plan(g, engine.order, after)
+    assert int(live(after).max()) <= max(limit, int(before.max()))
