@@ -97,6 +97,9 @@ class PlanParams:
     #: sum with the other branch's): they come after the forward candidates, so `n_tensors`
     #: reaches them last (ours; the original tool swapped forward tensors only)
     backward_swaps: bool = False
+    #: with `backward_swaps`, swap only the backward tensors live at a step where the plan
+    #: without them passes this many live bytes (`Engine`; 0: all of them)
+    backward_limit: int = 0
 
     def __post_init__(self) -> None:
         if self.n_tensors < -1:
@@ -113,6 +116,8 @@ class PlanParams:
             raise UserError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}")
         if self.recompute_limit < 0:
             raise UserError(f"recompute_limit must be 0 (off) or more, got {self.recompute_limit}")
+        if self.backward_limit < 0:
+            raise UserError(f"backward_limit must be 0 (off) or more, got {self.backward_limit}")
         if self.prefetch_bytes < 0:
             raise UserError(f"prefetch_bytes must be 0 (off) or more, got {self.prefetch_bytes}")
         if self.recompute_ops < 1:
@@ -235,10 +240,15 @@ def _in_scopes(name: str, scopes: tuple[str, ...]) -> bool:
 
 
 def derive_plan(
-    ctx: PlanContext, params: PlanParams, keep: frozenset[str] = frozenset()
+    ctx: PlanContext,
+    params: PlanParams,
+    keep: frozenset[str] = frozenset(),
+    late: frozenset[str] | None = None,
 ) -> SwapPlan:
     """The plan `params` gives on the graph of `ctx`: recomputes first, then swaps; the
-    tensors in `keep` are never recomputed (they are swapped, or kept, as without recomputes)."""
+    tensors in `keep` are never recomputed (they are swapped, or kept, as without recomputes);
+    with `backward_swaps`, of the backward pass's tensors only those in `late` are swapped
+    (None: all)."""
     recomputes = _recomputes(ctx, params, keep)
     made = {r.tensor for r in recomputes}
     swaps: list[Swap] = []
@@ -247,6 +257,8 @@ def derive_plan(
             break
         if cand.made_in_backward and not params.backward_swaps:
             break  # they come last
+        if cand.made_in_backward and late is not None and cand.tensor not in late:
+            continue
         if cand.tensor in made or not _selected(ctx, cand, params):
             continue
         swap = _swap(ctx, cand, params)

@@ -278,6 +278,25 @@ class Engine:
         memory = simulate_plan(self.program, self.graph, plan, timeline=timeline, link=link).memory
         return memory.trace.live_by_step(len(self.order.ops), memory.persistent_bytes)
 
+    def _late_swaps(
+        self, params: PlanParams, keep: frozenset[str], link: Link | None
+    ) -> frozenset[str]:
+        """The backward pass's candidates live (from their producer to their last reader) at a
+        step where the plan of `params` without backward swaps passes `backward_limit` live
+        bytes: swapping them can lower those steps, swapping the others only costs time."""
+        plan = self._plan(replace(params, backward_swaps=False), keep, link)
+        over = np.flatnonzero(self._live(plan, link) > params.backward_limit)
+        pos = self.order.position
+        out = set()
+        for c in self.context.candidates:
+            if c.made_in_backward:
+                tensor = self.graph.tensors[c.tensor]
+                first, last = pos[tensor.producer], max(pos[r] for r in tensor.consumers)
+                i = int(np.searchsorted(over, first))
+                if i < len(over) and over[i] <= last:
+                    out.add(c.tensor)
+        return frozenset(out)
+
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""
         return BFCModel(allow_growth=self.device is None)
@@ -302,7 +321,10 @@ class Engine:
 
     def _plan(self, params: PlanParams, keep: frozenset[str], link: Link | None) -> SwapPlan:
         """The plan of `params` (never recomputing `keep`), with its order edges, prefetched."""
-        plan = derive_plan(self.context, params, keep)
+        late = None
+        if params.backward_swaps and params.backward_limit:
+            late = self._late_swaps(params, keep, link)
+        plan = derive_plan(self.context, params, keep, late)
         if self.edges:
             plan = replace(plan, order_edges=self.edges)
         if params.prefetch_bytes and plan.swaps and link and self.timeline:

@@ -32,6 +32,7 @@ _PLAN_FLAGS = (
     "sync_lag",
     "serialize",
     "backward_swaps",
+    "backward_limit",
     "include_types",
     "exclude_types",
     "include_scopes",
@@ -111,6 +112,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         const=True,
         help="with --n-tensors -1, also swap tensors the backward pass makes and first reads "
         "at least --threshold levels later (weight gradients held for the optimizer)",
+    )
+    g.add_argument(
+        "--backward-limit",
+        type=size_arg,
+        help="with --backward-swaps, swap only the backward tensors live where the plan "
+        "without them passes this size, e.g. 14GiB (fit sets it to the budget)",
     )
     g.add_argument(
         "--recompute",

@@ -169,9 +169,15 @@ class Space:
             serialize=trial.suggest_categorical("serialize", [False, True]),
             prefetch_bytes=self._suggest_prefetch(trial),
             **self._suggest_recompute(trial),
-            backward_swaps=n == self.candidates
-            and trial.suggest_categorical("backward_swaps", [False, True]),
+            **self._suggest_backward(trial, n),
         )
+
+    def _suggest_backward(self, trial: Any, n: int) -> dict[str, Any]:
+        """Backward swaps only with every forward candidate, and then only of the tensors
+        live where the plan without them passes the budget (`PlanParams.backward_limit`)."""
+        if n < self.candidates or not trial.suggest_categorical("backward_swaps", [False, True]):
+            return {}
+        return {"backward_swaps": True, "backward_limit": self.limit_bytes}
 
     def _suggest_sync(self, trial: Any) -> dict[str, Any]:
         """`sync_out` and, with it, its lag in levels (log-sampled; 1 stands for 0, the
@@ -239,9 +245,9 @@ class Space:
         tensors swapped too) and, when recomputes are searched, the least-memory plan with them
         and recompute only; with a time model, last, the least-memory plan without backward
         swaps (with recomputes unless the run forbids them) with its swap-ins as early as the
-        budget leaves room for, that plan again with the forward pass let run
-        1/SYNC_LAG_SHARE of the levels ahead of its swap-outs, and the latter with backward
-        swaps."""
+        budget leaves room for (its swap-outs waited for where their copies should end), that
+        plan with the backward swaps the budget needs, and both again with the forward pass let
+        run 1/SYNC_LAG_SHARE of the levels ahead of its swap-outs instead."""
         out = [self.defaults(), self.least_memory()]
         if self.recompute == "search":
             cheap = replace(
@@ -257,8 +263,10 @@ class Space:
                 backward_swaps=False,
             )
             lagged = replace(early, sync_lag=max(2, self.levels // SYNC_LAG_SHARE))
-            both = replace(lagged, backward_swaps=True)
-            out += [self.of_params(early), self.of_params(lagged), self.of_params(both)]
+            ahead = (early, lagged)
+            out += [
+                self.of_params(replace(p, backward_swaps=b)) for p in ahead for b in (False, True)
+            ]
         return out
 
     def neighbours(

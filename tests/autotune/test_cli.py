@@ -63,6 +63,9 @@ def test_simulate_json_bounds_the_time_of_a_plan_that_fits() -> None:
     early = cli_json(*args, *plan, "--prefetch", "87MiB")
     assert early["params"]["prefetch_bytes"] == 87 << 20
     assert early["time_bound_seconds"] <= early["step_seconds"]
+    late = cli_json(*args, *plan, "--backward-swaps", "--backward-limit", "87MiB")
+    assert late["params"]["backward_swaps"] and late["params"]["backward_limit"] == 87 << 20
+    assert late["peak_bytes"] <= DEFAULT_SAFETY_RATIO * (95 << 20)
 
 
 @pytest.mark.tf

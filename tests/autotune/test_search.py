@@ -51,7 +51,7 @@ def test_budget_is_the_share_of_memory() -> None:
 
 
 def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
-    space = Space(candidates=20, levels=300)
+    space = Space(candidates=20, levels=300, limit_bytes=1 << 30)
     trial = optuna.trial.FixedTrial(
         {"n_tensors": 20, "lb": 40, "ub": 7, "threshold": 3, "groupby": 2, "trigger": "chain_rule",
          "sync_out": True, "sync_lag": 9, "serialize": True, "recompute": "cheap",
@@ -66,6 +66,7 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     assert not p.backward_swaps and space.of_params(p)["backward_swaps"] is False
     both = space.suggest(optuna.trial.FixedTrial({**trial.params, "backward_swaps": True}))
     assert both.backward_swaps and space.of_params(both)["backward_swaps"] is True
+    assert both.backward_limit == 1 << 30 and p.backward_limit == 0  # targeted at the budget
     # asked for only when every forward candidate is swapped
     some = space.suggest(optuna.trial.FixedTrial({**trial.params, "n_tensors": 19}))
     assert not some.backward_swaps and "backward_swaps" not in space.of_params(some)
@@ -176,6 +177,8 @@ def test_study_starts_from_the_original_defaults(engine) -> None:  # type: ignor
     assert second.params == space.least_memory()
     early = out.study.trials[len(space.starts()) - 1]  # the least-memory plan, prefetched
     assert early.params["prefetch"] and early.params["prefetch_share"] == 1.0
+    ahead = [(s["sync_lag"] > 1, s["backward_swaps"]) for s in space.starts()[-4:]]
+    assert ahead == [(False, False), (False, True), (True, False), (True, True)]
     assert first.user_attrs["plan_params"] == PlanParams().to_dict() | {
         "ub": Space.of(engine).levels
     }
@@ -272,7 +275,7 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     budget = budget_at(engine, 0.8)
     original = original_autotuner(engine, budget)
     assert original.best is not None
-    out = run_study(engine, budget, in_memory_study("tpe", 3), 8, starts=(original.best.params,))
+    out = run_study(engine, budget, in_memory_study("tpe", 3), 10, starts=(original.best.params,))
     after = len(Space.of(engine, budget_bytes=budget.bytes).starts())  # the defaults, ...
     picked = PlanParams.from_dict(out.study.trials[after].user_attrs["plan_params"])
     assert engine.evaluate(picked).plan == original.best.plan

@@ -1,8 +1,16 @@
+from dataclasses import replace
+
 from simulator.derive import PlanParams
 from simulator.engine import EDGE_REUSE, Engine
 from simulator.graph import Graph, TensorKind
 from simulator.order_edges import deferral_edges
-from tests.simulator.builders import add, momentum_step, training_branches, training_chain
+from tests.simulator.builders import (
+    add,
+    held_gradient,
+    momentum_step,
+    training_branches,
+    training_chain,
+)
 
 
 def test_serialize_evaluates_the_graph_with_order_edges_and_lowers_the_peak() -> None:
@@ -81,3 +89,21 @@ def test_serialize_drops_deferral_edges_that_raise_the_peak() -> None:
     serial = engine.evaluate(PlanParams(n_tensors=0, serialize=True))
     assert serial.plan.order_edges == ()
     assert serial.peak_bytes == engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
+
+
+def test_backward_limit_swaps_only_the_backward_tensors_live_where_the_plan_passes_it() -> None:
+    engine = Engine.build(held_gradient())
+    jit = PlanParams(ub=1, sync_out=True)
+    without = engine.evaluate(jit)
+    memory = without.result.memory
+    live = memory.trace.live_by_step(len(engine.order.ops), memory.persistent_bytes)
+    pos = engine.order.position
+    held = int(live[pos["gradient_tape/gw"] : pos["sgd/update"] + 1].max())
+
+    def swapped(limit: int) -> set[str]:
+        p = replace(jit, backward_swaps=True, backward_limit=limit)
+        return {s.tensor for s in engine.evaluate(p).plan.swaps}
+
+    forward = {s.tensor for s in without.plan.swaps}
+    assert swapped(0) == swapped(held - 1) == forward | {"gradient_tape/gw:0"}
+    assert swapped(held) == forward
