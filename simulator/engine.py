@@ -42,7 +42,7 @@ from simulator.derive import (
 )
 from simulator.heap import GRANULARITY, round_up
 from simulator.memory import paused_gc
-from simulator.opsemantics import fused_together
+from simulator.opsemantics import SHAPE_ONLY, fused_together
 from simulator.order_edges import Edge, deferral_edges, find_order_edges, grouped
 from simulator.prefetch import postpone_waits, prefetch
 from simulator.timing import Link
@@ -186,9 +186,18 @@ class Engine:
 
     @functools.cached_property
     def _backward_start(self) -> int:
-        """The step of the backward pass's first op that reads anything."""
-        pos = self.order.position
-        return min((pos[n] for n in self._backward_readers), default=0)
+        """The step of the backward pass's first op that reads a forward candidate (not only
+        its shape), or else its first op that reads anything: an op of the gradient tape that
+        reads only constants (ResNet-50's padding specs) runs long before the backward pass."""
+        pos, graph, backward = self.order.position, self.graph, self.context.backward
+        firsts = [
+            pos[r]
+            for c in self.context.candidates
+            if not c.made_in_backward
+            for r in graph.tensors[c.tensor].consumers
+            if r in backward and graph.ops[r].type not in SHAPE_ONLY
+        ]
+        return min(firsts or [pos[n] for n in self._backward_readers] or [0])
 
     def _with_edges(self, edges: tuple[Edge, ...]) -> Engine:
         if not edges:

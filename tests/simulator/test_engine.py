@@ -107,3 +107,12 @@ def test_backward_limit_swaps_only_the_backward_tensors_live_where_the_plan_pass
     forward = {s.tensor for s in without.plan.swaps}
     assert swapped(0) == swapped(held - 1) == forward | {"gradient_tape/gw:0"}
     assert swapped(held) == forward
+
+
+def test_the_backward_pass_starts_at_its_first_reader_of_an_activation() -> None:
+    g = training_chain()
+    add(g, "gradient_tape/pad_spec", [], 64, type="Const")
+    g.mark_outputs(add(g, "gradient_tape/stack", ["gradient_tape/pad_spec:0"], 64, type="Pack"))
+    engine = Engine.build(g)
+    assert engine.order.position["gradient_tape/stack"] < engine.order.position["f3"]
+    assert engine._backward_start == engine.order.position["gradient_tape/b3"]
