@@ -84,6 +84,9 @@ class PlanParams:
     #: with a time model, move swap-ins earlier while the live bytes stay within this many
     #: bytes (`simulator.prefetch`; 0: never)
     prefetch_bytes: int = 0
+    #: with `prefetch_bytes` and `sync_out`, first move the waits for forward swap-outs later,
+    #: to where their copies should end (`simulator.prefetch.postpone_waits`)
+    postpone_waits: bool = True
     #: with recomputes, while the plan's simulated peak passes this many
     #: bytes, the recomputes whose chains hold bytes at the peak are swapped instead, as long
     #: as that lowers the peak (`Engine`; 0: never)

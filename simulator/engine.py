@@ -253,9 +253,12 @@ class Engine:
         rates = (sum(cost.get(o, 0.0) for o in r.ops) / n for r, n in zip(recomputes, sizes))
         return bare.result.memory.live_peak_bytes, sum(sizes), min(rates, default=0.0)
 
-    def _prefetched(self, plan: SwapPlan, limit: int, link: Link) -> SwapPlan:
+    def _prefetched(
+        self, plan: SwapPlan, limit: int, link: Link, postpone: bool = True
+    ) -> SwapPlan:
         """`plan` with the waits for synchronized swap-outs moved later and swap-ins earlier,
-        where its live bytes leave room under `limit` (`simulator.prefetch`).
+        where its live bytes leave room under `limit` (`simulator.prefetch`; the waits only
+        with `postpone`: the live bytes cannot show that later frees may fragment the heap).
 
         With tensors of the backward pass swapped, fewer stalls make their device copies live
         longer (until their copies to the host end, at later steps), which the live bytes
@@ -264,7 +267,7 @@ class Engine:
         `PREFETCH_ROUNDS` times)."""
         assert self.timeline is not None
         backward = self.context.backward
-        if any(s.sync for s in plan.swaps):
+        if postpone and any(s.sync for s in plan.swaps):
             live = self._live(plan, link)
             plan = postpone_waits(self.graph, self.timeline, plan, live, limit, link, backward)
         live = self._live(plan, link)
@@ -337,7 +340,7 @@ class Engine:
         if self.edges:
             plan = replace(plan, order_edges=self.edges)
         if params.prefetch_bytes and plan.swaps and link and self.timeline:
-            plan = self._prefetched(plan, params.prefetch_bytes, link)
+            plan = self._prefetched(plan, params.prefetch_bytes, link, params.postpone_waits)
         return plan
 
     def _simulate(

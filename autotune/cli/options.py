@@ -41,6 +41,7 @@ _PLAN_FLAGS = (
     "recompute_ops",
     "recompute_limit",
     "prefetch_bytes",
+    "postpone_waits",
 )
 
 
@@ -140,6 +141,13 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         type=size_arg,
         help="with --device: move swap-ins earlier, and with --sync-out the waits for "
         "swap-outs later, while the live bytes stay within this size, e.g. 14GiB (default: off)",
+    )
+    g.add_argument(
+        "--no-postpone-waits",
+        dest="postpone_waits",
+        action="store_const",
+        const=False,
+        help="with --prefetch and --sync-out: leave the waits for swap-outs where they are",
     )
     for what in ("include", "exclude"):
         g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")

@@ -167,7 +167,7 @@ class Space:
             trigger=trial.suggest_categorical("trigger", list(TRIGGER_STRATEGIES)),
             **self._suggest_sync(trial),
             serialize=trial.suggest_categorical("serialize", [False, True]),
-            prefetch_bytes=self._suggest_prefetch(trial),
+            **self._suggest_prefetch(trial),
             **self._suggest_recompute(trial),
             **self._suggest_backward(trial, n),
         )
@@ -187,11 +187,16 @@ class Space:
         lag = trial.suggest_int("sync_lag", 1, self.levels, log=True)
         return {"sync_out": True, "sync_lag": lag if lag > 1 else 0}
 
-    def _suggest_prefetch(self, trial: Any) -> int:
+    def _suggest_prefetch(self, trial: Any) -> dict[str, Any]:
+        """`prefetch_bytes` and, with `sync_out` (drawn before), `postpone_waits`: the later
+        frees may fragment the heap more than the live bytes it plans with can show."""
         if not self.budget_bytes or not trial.suggest_categorical("prefetch", [False, True]):
-            return 0
+            return {}
         share = trial.suggest_float("prefetch_share", PREFETCH_SHARES[0], PREFETCH_SHARES[1])
-        return int(self.budget_bytes * share)
+        out: dict[str, Any] = {"prefetch_bytes": int(self.budget_bytes * share)}
+        if trial.params.get("sync_out"):
+            out["postpone_waits"] = trial.suggest_categorical("postpone_waits", [False, True])
+        return out
 
     def _fewest(self) -> int:
         return 1 if self.recompute == "none" else 0
@@ -233,7 +238,8 @@ class Space:
             return {"prefetch": False}
         low, high = PREFETCH_SHARES
         share = min(max(p.prefetch_bytes / self.budget_bytes, low), high)
-        return {"prefetch": True, "prefetch_share": share}
+        postpone = {"postpone_waits": p.postpone_waits} if p.sync_out else {}
+        return {"prefetch": True, "prefetch_share": share, **postpone}
 
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
@@ -247,7 +253,8 @@ class Space:
         swaps (with recomputes unless the run forbids them) with its swap-ins as early as the
         budget leaves room for (its swap-outs waited for where their copies should end), that
         plan with the backward swaps the budget needs, and both again with the forward pass let
-        run 1/SYNC_LAG_SHARE of the levels ahead of its swap-outs instead."""
+        run 1/SYNC_LAG_SHARE of the levels ahead of its swap-outs instead, and the two without
+        backward swaps again with their waits left at the readers or the lag."""
         out = [self.defaults(), self.least_memory()]
         if self.recompute == "search":
             cheap = replace(
@@ -263,10 +270,9 @@ class Space:
                 backward_swaps=False,
             )
             lagged = replace(early, sync_lag=max(2, self.levels // SYNC_LAG_SHARE))
-            ahead = (early, lagged)
-            out += [
-                self.of_params(replace(p, backward_swaps=b)) for p in ahead for b in (False, True)
-            ]
+            ahead = [replace(p, backward_swaps=b) for p in (early, lagged) for b in (False, True)]
+            ahead += [replace(p, postpone_waits=False) for p in (early, lagged)]
+            out += [self.of_params(p) for p in ahead]
         return out
 
     def neighbours(
@@ -301,8 +307,9 @@ class Space:
         share = params.get("prefetch_share", 0.0)
         for x in (round(share - 0.05, 4), round(share + 0.05, 4)):
             move("prefetch_share", x, *PREFETCH_SHARES)
-        if "backward_swaps" in params:
-            out.append({**params, "backward_swaps": not params["backward_swaps"]})
+        for key in ("backward_swaps", "postpone_waits"):
+            if key in params:
+                out.append({**params, key: not params[key]})
         if params.get("ub", 1) < params.get("lb", 1):  # ub halved under lb: lb follows
             out = [{**q, "lb": min(q["lb"], q["ub"])} for q in out]
         return [self._with_backward(q) for q in out]

@@ -67,6 +67,13 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     both = space.suggest(optuna.trial.FixedTrial({**trial.params, "backward_swaps": True}))
     assert both.backward_swaps and space.of_params(both)["backward_swaps"] is True
     assert both.backward_limit == 1 << 30 and p.backward_limit == 0  # targeted at the budget
+    timed = Space(candidates=20, levels=300, budget_bytes=1 << 30)
+    fixed = {**trial.params, "prefetch": True, "prefetch_share": 0.9, "postpone_waits": False}
+    kept = timed.suggest(optuna.trial.FixedTrial(fixed))
+    assert kept.prefetch_bytes and not kept.postpone_waits
+    assert timed.of_params(kept)["postpone_waits"] is False
+    unsynced = timed.suggest(optuna.trial.FixedTrial({**fixed, "sync_out": False}))
+    assert unsynced.postpone_waits and "postpone_waits" not in timed.of_params(unsynced)
     # asked for only when every forward candidate is swapped
     some = space.suggest(optuna.trial.FixedTrial({**trial.params, "n_tensors": 19}))
     assert not some.backward_swaps and "backward_swaps" not in space.of_params(some)
@@ -177,8 +184,10 @@ def test_study_starts_from_the_original_defaults(engine) -> None:  # type: ignor
     assert second.params == space.least_memory()
     early = out.study.trials[len(space.starts()) - 1]  # the least-memory plan, prefetched
     assert early.params["prefetch"] and early.params["prefetch_share"] == 1.0
-    ahead = [(s["sync_lag"] > 1, s["backward_swaps"]) for s in space.starts()[-4:]]
-    assert ahead == [(False, False), (False, True), (True, False), (True, True)]
+    ahead = [(s["sync_lag"] > 1, s["backward_swaps"], s["postpone_waits"])
+             for s in space.starts()[-6:]]  # fmt: skip
+    assert ahead == [(False, False, True), (False, True, True), (True, False, True),
+                     (True, True, True), (False, False, False), (True, False, False)]  # fmt: skip
     assert first.user_attrs["plan_params"] == PlanParams().to_dict() | {
         "ub": Space.of(engine).levels
     }
@@ -275,7 +284,7 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     budget = budget_at(engine, 0.8)
     original = original_autotuner(engine, budget)
     assert original.best is not None
-    out = run_study(engine, budget, in_memory_study("tpe", 3), 10, starts=(original.best.params,))
+    out = run_study(engine, budget, in_memory_study("tpe", 3), 12, starts=(original.best.params,))
     after = len(Space.of(engine, budget_bytes=budget.bytes).starts())  # the defaults, ...
     picked = PlanParams.from_dict(out.study.trials[after].user_attrs["plan_params"])
     assert engine.evaluate(picked).plan == original.best.plan

@@ -125,6 +125,8 @@ def test_a_synchronized_swap_out_is_waited_for_where_its_copy_ends() -> None:
     forward = [sum(s for k, s in st.items() if k < engine.order.position["gradient_tape/b3"])
                for st in stalls]  # fmt: skip
     assert forward[1] < forward[0]
+    kept = engine.evaluate(replace(JIT, prefetch_bytes=1 << 30, postpone_waits=False))
+    assert all(not s.waiter for s in kept.plan.swaps)
 
 
 @settings(max_examples=150, deadline=None)
