@@ -31,8 +31,9 @@ the forward pass wherever the link is slower than the compute (ResNet-50's early
 3.5 GiB tensors at batch 1145, 55 ms of NVLink each, in less compute than that). Each wait moves
 to the first op that starts, in the stall-free schedule, after the copy would end with the
 device-to-host stream running the copies one after another in the order they are made, as far
-as the memory allows: the device copy may then live until that op, so its bytes are added to
-the live bytes of every step in between, which must stay within the limit. On ResNet-50 at
+as the memory allows: the device copy may then live until that op, and through its step (a
+stalled waiter runs at its own step when the copy ends), so its bytes are added to the live
+bytes of every step up to the waiter's, which must stay within the limit. On ResNet-50 at
 batch 1145 (v100-16gb-nvlink2, least-memory plan with backward swaps and prefetching) the
 forward pass's stalls went from 2.0 s to 0.07 s, and the step from 1.58x to 1.33x.
 
