@@ -13,21 +13,26 @@ producer waits instead). Shape-only ops are never rerouted and never triggers.
 With `recompute="cheap"` (ours), every candidate made by a cheap element-wise op
 (`opsemantics.RECOMPUTABLE`) is recomputed instead, when a chain of at most `recompute_ops`
 such ops makes it again from tensors the step holds anyway just before its first backward
-reader; the rest are swapped as above. A chain input that is swapped is read from its first
-swap-in, which is then triggered no later than the recompute.
+reader; the rest are swapped as above. A chain input that is swapped is read from the swap-in
+that serves its first reader after the recompute, then triggered no later than it. With
+`recompute_heavy` (and a cost model and link, `RecomputePrice`), chains may also re-run
+convolutions and matrix products (`opsemantics.RECOMPUTABLE_HEAVY`), where they cost at most
+that share of the transfer time that recomputing instead of swapping saves.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from simulator.errors import UserError
 from simulator.graph import Graph, TensorKind
-from simulator.opsemantics import RECOMPUTABLE, SHAPE_ONLY, unswappable_ops
+from simulator.opsemantics import RECOMPUTABLE, RECOMPUTABLE_HEAVY, SHAPE_ONLY, unswappable_ops
 from simulator.order import Order, categorized_order
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapIn, SwapPlan
+from simulator.timing import Link
 
 __all__ = [
     "BACKWARD_SCOPES",
@@ -35,9 +40,11 @@ __all__ = [
     "PlanContext",
     "PlanParams",
     "RECOMPUTE_MAX_OPS",
+    "RecomputePrice",
     "check_plan",
     "derive_plan",
     "merge_overlapping",
+    "resolve_sources",
 ]
 
 #: Name scopes of the backward phase: TF2's GradientTape and TF1-style gradients.
@@ -103,6 +110,10 @@ class PlanParams:
     #: with `backward_swaps`, swap only the backward tensors live at a step where the plan
     #: without them passes this many live bytes (`Engine`; 0: all of them)
     backward_limit: int = 0
+    #: with recomputes, also re-run convolutions and matrix products where the chain costs at
+    #: most this many times the transfer time of its tensor, out and back (`RecomputePrice`;
+    #: 0: never; on a link-bound step 1 trades them even, below 1 leaves room for overlap)
+    recompute_heavy: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_tensors < -1:
@@ -123,6 +134,8 @@ class PlanParams:
             raise UserError(f"backward_limit must be 0 (off) or more, got {self.backward_limit}")
         if self.prefetch_bytes < 0:
             raise UserError(f"prefetch_bytes must be 0 (off) or more, got {self.prefetch_bytes}")
+        if not self.recompute_heavy >= 0:
+            raise UserError(f"recompute_heavy must be 0 (off) or more, got {self.recompute_heavy}")
         if self.recompute_ops < 1:
             raise UserError(f"recompute_ops must be at least 1, got {self.recompute_ops}")
 
@@ -141,6 +154,19 @@ class PlanParams:
 #: The corner that saves the most memory: every candidate, synchronized swap-outs, swap-ins
 #: just before their readers.
 LEAST_MEMORY = PlanParams(ub=1, sync_out=True)
+
+
+@dataclass(frozen=True)
+class RecomputePrice:
+    """What a recompute through heavy ops is weighed with: per-op seconds and the host link."""
+
+    cost: Mapping[str, float]
+    link: Link
+
+    def worth(self, ops: tuple[str, ...], nbytes: int, ratio: float) -> bool:
+        """Whether re-running `ops` costs at most `ratio` times moving `nbytes` out and back."""
+        seconds = sum(self.cost.get(o, 0.0) for o in ops)
+        return seconds <= ratio * (nbytes / self.link.d2h + nbytes / self.link.h2d)
 
 
 @dataclass(frozen=True)
@@ -247,12 +273,13 @@ def derive_plan(
     params: PlanParams,
     keep: frozenset[str] = frozenset(),
     late: frozenset[str] | None = None,
+    price: RecomputePrice | None = None,
 ) -> SwapPlan:
     """The plan `params` gives on the graph of `ctx`: recomputes first, then swaps; the
     tensors in `keep` are never recomputed (they are swapped, or kept, as without recomputes);
     with `backward_swaps`, of the backward pass's tensors only those in `late` are swapped
-    (None: all)."""
-    recomputes = _recomputes(ctx, params, keep)
+    (None: all); heavy ops are recomputed only with a `price` to weigh them."""
+    recomputes = _recomputes(ctx, params, keep, price)
     made = {r.tensor for r in recomputes}
     swaps: list[Swap] = []
     for cand in ctx.candidates:
@@ -271,14 +298,34 @@ def derive_plan(
         recomputes = _from_swap_ins(ctx, swaps, recomputes)
         swaps = [merge_overlapping(s, ctx.order.position) for s in swaps]
     plan = SwapPlan(tuple(swaps), params.to_dict(), ctx.graph.name)
-    return replace(plan, recomputes=tuple(recomputes)) if recomputes else plan
+    if not recomputes:
+        return plan
+    return resolve_sources(replace(plan, recomputes=tuple(recomputes)), ctx.order.position)
+
+
+def resolve_sources(plan: SwapPlan, pos: dict[str, int]) -> SwapPlan:
+    """`plan` with each recompute reading each swapped tensor of its chain from the last of
+    its swap-ins placed by the recompute's trigger (after swap-ins were moved or merged, their
+    indices change)."""
+    by_tensor = {s.tensor: s for s in plan.swaps}
+    out = []
+    for rc in plan.recomputes:
+        at = pos[rc.trigger]
+        sources = tuple((name, _copy_at(by_tensor[name], at, pos)) for name, _ in rc.sources)
+        out.append(rc if sources == rc.sources else replace(rc, sources=sources))
+    return replace(plan, recomputes=tuple(out))
+
+
+def _copy_at(swap: Swap, at: int, pos: dict[str, int]) -> int:
+    placed = [k for k, s in enumerate(swap.swap_ins) if pos[s.trigger] <= at]
+    return placed[-1] if placed else 0
 
 
 def merge_overlapping(swap: Swap, pos: dict[str, int]) -> Swap:
     """`swap` with each swap-in triggered before the previous copy's last reader merged into
     that copy: two copies of one tensor would be live at once, one serves both groups of
     readers with no more bytes live at any step, and the tensor crosses the link once less.
-    (Swap-in 0 keeps its index: a recompute may read it.)"""
+    (Recomputes then read their sources from the copies `resolve_sources` finds.)"""
     merged: list[SwapIn] = []
     for s in swap.swap_ins:
         if merged and pos[s.trigger] <= max(pos[c] for c in merged[-1].consumers):
@@ -291,26 +338,33 @@ def merge_overlapping(swap: Swap, pos: dict[str, int]) -> Swap:
 def _from_swap_ins(
     ctx: PlanContext, swaps: list[Swap], recomputes: list[Recompute]
 ) -> list[Recompute]:
-    """Recomputes whose chains read swapped tensors from their first swap-in, brought forward
-    to the recompute's trigger where it came later (`swaps` edited in place): the tensor then
-    crosses the link once, and the recompute's output not at all."""
+    """Recomputes whose chains read swapped tensors from a swap-in: the one that serves the
+    tensor's first reader after the recompute's trigger, brought forward to that trigger
+    where it came later (`swaps` edited in place), or the last one when no reader follows:
+    the tensor then crosses the link once, and the recompute's output not at all. The
+    sources name the tensors (their copies are found by `resolve_sources`)."""
     pos = ctx.order.position
     index = {s.tensor: i for i, s in enumerate(swaps)}
     out = []
     for rc in recomputes:
+        at = pos[rc.trigger]
         sources = []
         for name in sorted(rc.reads(ctx.graph) & index.keys()):
             swap = swaps[index[name]]
-            first = swap.swap_ins[0]
-            if pos[first.trigger] > pos[rc.trigger]:
-                early = SwapIn(rc.trigger, first.consumers)
-                swaps[index[name]] = replace(swap, swap_ins=(early, *swap.swap_ins[1:]))
-            sources.append((name, 0))
+            ins = list(swap.swap_ins)
+            ends = [max(pos[c] for c in s.consumers) for s in ins]
+            k = next((k for k, end in enumerate(ends) if end >= at), len(ins) - 1)
+            if pos[ins[k].trigger] > at:
+                ins[k] = SwapIn(rc.trigger, ins[k].consumers)
+                swaps[index[name]] = replace(swap, swap_ins=tuple(ins))
+            sources.append((name, k))
         out.append(replace(rc, sources=tuple(sources)) if sources else rc)
     return out
 
 
-def _recomputes(ctx: PlanContext, params: PlanParams, keep: frozenset[str]) -> list[Recompute]:
+def _recomputes(
+    ctx: PlanContext, params: PlanParams, keep: frozenset[str], price: RecomputePrice | None
+) -> list[Recompute]:
     """With `recompute="cheap"`, a recompute for every candidate a chain of cheap ops can make
     again (see the module's docstring); a tensor a chain reads (kept on the device, or read
     from a swap-in, `_from_swap_ins`) is not recomputed itself."""
@@ -329,7 +383,7 @@ def _recomputes(ctx: PlanContext, params: PlanParams, keep: frozenset[str]) -> l
             break  # they come last; only forward tensors are recomputed
         if cand.tensor in held or sizes[cand.tensor] < floor or cand.tensor in keep:
             continue  # read where it is by a chain made earlier, too small to matter, or kept
-        found = _recompute(ctx, cand, params, {r.tensor for r in out})
+        found = _recompute(ctx, cand, params, {r.tensor for r in out}, price)
         if found is not None:
             out.append(found[0])
             held |= found[1]
@@ -337,36 +391,67 @@ def _recomputes(ctx: PlanContext, params: PlanParams, keep: frozenset[str]) -> l
 
 
 def _recompute(
-    ctx: PlanContext, cand: _Candidate, params: PlanParams, recomputed: set[str]
+    ctx: PlanContext,
+    cand: _Candidate,
+    params: PlanParams,
+    recomputed: set[str],
+    price: RecomputePrice | None,
 ) -> tuple[Recompute, set[str]] | None:
-    """The recompute of `cand` and the tensors its chain reads, or None when no chain of at
-    most `recompute_ops` cheap ops makes it from tensors live anyway at its trigger, or when
-    it would free nothing (no step between its last forward reader and the trigger)."""
-    trigger = _trigger(ctx, cand, cand.readers[0], PlanParams())
-    if trigger is None:
-        return None
+    """The recompute of `cand` for all its backward readers and the tensors its chain reads,
+    or None when no chain of at most `recompute_ops` cheap ops (or heavy ones worth their
+    cost, `RecomputePrice`) makes it from tensors live anyway at its trigger, or when it would
+    free nothing (no step between its last forward reader and that trigger)."""
     pos = ctx.order.position
-    at = pos[trigger]
     readers = tuple(c for _, c in cand.readers)
     tensor = ctx.graph.tensors[cand.tensor]
     kept = [pos[c] for c in tensor.consumers if c not in readers]
-    if max(kept, default=pos[cand.producer]) >= at:
-        return None  # the original would live until the copy is made: nothing freed
-    chain = _chain(ctx, cand.producer, at, params.recompute_ops, recomputed)
+    found = _recompute_group(ctx, cand, cand.readers[0], params, recomputed, price)
+    if found is None or max(kept, default=pos[cand.producer]) >= found[1]:
+        return None  # no copy, or the original would live until it is made: none freed
+    ops, at, reads = found
+    return Recompute(cand.tensor, tensor.nbytes, ops, ctx.order.ops[at], readers), reads
+
+
+def _recompute_group(
+    ctx: PlanContext,
+    cand: _Candidate,
+    first: tuple[int, str],
+    params: PlanParams,
+    recomputed: set[str],
+    price: RecomputePrice | None,
+) -> tuple[tuple[str, ...], int, set[str]] | None:
+    """The chain that makes `cand` again for its reader `first`, its trigger's step and the
+    tensors it reads, or None."""
+    trigger = _trigger(ctx, cand, first, PlanParams())
+    if trigger is None:
+        return None
+    at = ctx.order.position[trigger]
+    heavy = price is not None and params.recompute_heavy > 0
+    kinds = RECOMPUTABLE | RECOMPUTABLE_HEAVY if heavy else RECOMPUTABLE
+    chain = _chain(ctx, cand.producer, at, params.recompute_ops, recomputed, kinds)
     if chain is None:
         return None
     ops, reads = chain
-    return Recompute(cand.tensor, tensor.nbytes, ops, trigger, readers), reads
+    nbytes = ctx.graph.tensors[cand.tensor].nbytes
+    costly = any(ctx.graph.ops[o].type in RECOMPUTABLE_HEAVY for o in ops)
+    if costly and not (price and price.worth(ops, nbytes, params.recompute_heavy)):
+        return None
+    return ops, at, reads
 
 
 def _chain(
-    ctx: PlanContext, producer: str, at: int, budget: int, recomputed: set[str]
+    ctx: PlanContext,
+    producer: str,
+    at: int,
+    budget: int,
+    recomputed: set[str],
+    kinds: frozenset[str],
 ) -> tuple[tuple[str, ...], set[str]] | None:
     """The ops, in order, that make `producer`'s output again at step `at` (at most `budget`
-    of them) and the tensors they read, or None."""
+    of them, of the op types `kinds`) and the tensors they read, or None."""
     graph = ctx.graph
     op = graph.ops[producer]
-    if op.type not in RECOMPUTABLE or len(op.outputs) != 1 or producer in ctx.unswappable:
+    if op.type not in kinds or len(op.outputs) != 1 or producer in ctx.unswappable:
         return None
     ops: list[str] = []
     reads: set[str] = set()
@@ -379,7 +464,7 @@ def _chain(
             continue
         if budget <= 1 + len(ops) or t.producer in ctx.backward:
             return None
-        inner = _chain(ctx, t.producer, at, budget - 1 - len(ops), recomputed)
+        inner = _chain(ctx, t.producer, at, budget - 1 - len(ops), recomputed, kinds)
         if inner is None:
             return None
         ops += [o for o in inner[0] if o not in ops]
@@ -506,7 +591,8 @@ def _check_recompute(graph: Graph, order: Order, rc: Recompute) -> None:
     named = [rc.trigger, *rc.ops, *rc.consumers]
     if any(o not in graph.ops for o in named):
         raise InvalidPlan(f"recompute of {rc.tensor!r} names ops missing from the graph")
-    impure = [o for o in rc.ops if graph.ops[o].type not in RECOMPUTABLE]
+    pure = RECOMPUTABLE | RECOMPUTABLE_HEAVY
+    impure = [o for o in rc.ops if graph.ops[o].type not in pure]
     if impure:
         kinds = ", ".join(f"{o} ({graph.ops[o].type})" for o in impure)
         raise InvalidPlan(

@@ -38,6 +38,7 @@ from simulator.derive import (
     RECOMPUTE_MAX_OPS,
     PlanContext,
     PlanParams,
+    RecomputePrice,
     derive_plan,
 )
 from simulator.heap import GRANULARITY, round_up
@@ -336,12 +337,19 @@ class Engine:
         late = None
         if params.backward_swaps and params.backward_limit:
             late = self._late_swaps(params, keep, link)
-        plan = derive_plan(self.context, params, keep, late)
+        plan = derive_plan(self.context, params, keep, late, self._price)
         if self.edges:
             plan = replace(plan, order_edges=self.edges)
         if params.prefetch_bytes and plan.swaps and link and self.timeline:
             plan = self._prefetched(plan, params.prefetch_bytes, link, params.postpone_waits)
         return plan
+
+    @functools.cached_property
+    def _price(self) -> RecomputePrice | None:
+        """What heavy recomputes are weighed with (None without a cost model or a device)."""
+        if not self.cost or self.device is None:
+            return None
+        return RecomputePrice(self.cost, self.device.link)
 
     def _simulate(
         self, plan: SwapPlan, link: Link | None, timed: bool, allocator: bool

@@ -11,6 +11,7 @@ from simulator.graph import Graph
 
 __all__ = [
     "RECOMPUTABLE",
+    "RECOMPUTABLE_HEAVY",
     "SHAPE_ONLY",
     "assignment",
     "forwards",
@@ -108,6 +109,21 @@ RECOMPUTABLE = frozenset(
     (_UNARY - {"OnesLike", "ZerosLike", "_UnaryOpsComposition"})
     | {t for t in _BINARY if not t.endswith("Grad") and t != "Pow"}
     | {"Cast"}
+)
+
+#: Op types that are pure but not cheap: convolutions and matrix products, whose output is a
+#: function of their inputs alone. A plan re-runs them only where the chain costs less than
+#: the transfers its recompute saves (`PlanParams.recompute_heavy`).
+RECOMPUTABLE_HEAVY = frozenset(
+    {
+        "Conv2D",
+        "Conv3D",
+        "DepthwiseConv2dNative",
+        "MatMul",
+        "BatchMatMul",
+        "BatchMatMulV2",
+        "BatchMatMulV3",
+    }
 )
 
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.

@@ -103,6 +103,11 @@ class SwapPlan:
         """Bytes of the tensors made again in the backward pass per step."""
         return sum(r.nbytes for r in self.recomputes)
 
+    @property
+    def recomputed_tensors(self) -> int:
+        """How many tensors are made again in the backward pass."""
+        return len({r.tensor for r in self.recomputes})
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
         return {

@@ -50,7 +50,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.derive import NOT_TRIGGERS, merge_overlapping
+from simulator.derive import NOT_TRIGGERS, merge_overlapping, resolve_sources
 from simulator.graph import Graph
 from simulator.order import Order
 from simulator.plan import Swap, SwapIn, SwapPlan
@@ -95,7 +95,8 @@ def prefetch(
             moved[i, k] = order.ops[q]
         queued = max(queued, q)
     plan = _with_triggers(plan, moved, pos) if moved else plan
-    return _kept(plan, room, limit, pos)
+    plan = _kept(plan, room, limit, pos)
+    return resolve_sources(plan, pos) if plan.recomputes else plan
 
 
 def _kept(plan: SwapPlan, room: np.ndarray, limit: int, pos: dict[str, int]) -> SwapPlan:

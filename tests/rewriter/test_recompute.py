@@ -110,3 +110,40 @@ def test_prefetched_swap_ins_train_bitwise_and_wait_for_their_triggers(mode: str
 
         report = check_gating(tuned, parts, inputs)
         assert report.gates and all(g.gated for g in report.gates), report.summary()
+
+
+def _heavy_plan(cap, **params):  # type: ignore[no-untyped-def]
+    """Recomputes through convolutions and matrix products wherever a chain of up to 8 ops
+    can make a tensor again (every op costs nothing, so every such chain is worth it)."""
+    from simulator import get_preset
+    from simulator.opsemantics import RECOMPUTABLE_HEAVY
+
+    device = get_preset("v100-16gb-nvlink2")
+    engine = Engine.build(cap.graph, device=device, cost=dict.fromkeys(cap.graph.ops, 0.0))
+    heavy = PlanParams(recompute="cheap", recompute_ops=8, recompute_heavy=1.0, **params)
+    plan = engine.evaluate(heavy, timed=False).plan
+    kinds = {cap.graph.ops[o].type for rc in plan.recomputes for o in rc.ops}
+    assert kinds & RECOMPUTABLE_HEAVY, kinds
+    return plan
+
+
+@pytest.mark.parametrize("n_tensors", [0, -1])
+@pytest.mark.parametrize("model", ["bn-cnn", "tiny-transformer"])
+def test_recomputed_convolutions_and_matmuls_train_bitwise_and_survive_grappler(
+    model: str, n_tensors: int
+) -> None:
+    (a, cap_a), (b, cap_b) = _captured(model), _captured(model)
+    plan = _heavy_plan(cap_b, n_tensors=n_tensors)
+    tuned = apply_plan(cap_b, plan)
+    inputs = example_tensors(cap_a.specs, seed=7)
+    parts = executed_partitions(tuned, *inputs)
+    executed = {n.name: n.op for pg in parts for n in pg.node}
+    for k, rc in enumerate(plan.recomputes):
+        for op, after in zip(rc.ops, (*rc.ops[1:], "")):
+            # each copy runs, not merged back into its original by Grappler; a convolution's
+            # copy may run fused with the copy of its bias add (oneDNN's remapper)
+            fused = executed.get(f"recompute/{k}/{after}", "").startswith("_")
+            assert f"recompute/{k}/{op}" in executed or fused, (op, after)
+    cap_a.concrete_function(*inputs)  # a step each before comparing, as executed_partitions ran one
+    assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
+    assert_same_state(a, b)

@@ -18,8 +18,8 @@ from simulator import (
     compile_program,
     simulate_plan,
 )
-from simulator.derive import PlanContext, PlanParams, check_plan, derive_plan
-from simulator.opsemantics import RECOMPUTABLE
+from simulator.derive import PlanContext, PlanParams, RecomputePrice, check_plan, derive_plan
+from simulator.opsemantics import RECOMPUTABLE, RECOMPUTABLE_HEAVY
 from tests.simulator.builders import add
 
 MIB = 1 << 20
@@ -199,3 +199,73 @@ def test_the_guard_swaps_a_recompute_that_raises_the_peak_instead() -> None:
     assert guarded.peak_bytes == 16 * MIB + 256
     roomy = engine.evaluate(replace(params, recompute_limit=20 * MIB + 256), timed=False)
     assert (roomy.plan.swaps, roomy.plan.recomputes) == (plain.plan.swaps, plain.plan.recomputes)
+
+
+def test_heavy_ops_are_rerun_only_where_cheaper_than_the_transfers_they_save() -> None:
+    g = _block()  # a = Conv2D(x): x is an input, held all step
+    ctx = PlanContext.build(g)
+    link = Link(1 << 30, 1 << 30)  # 4 MiB out and back: 7.8 ms
+    cheap = RecomputePrice({"a": 1e-3, "relu": 1e-4}, link)
+    dear = RecomputePrice({"a": 5e-3, "relu": 1e-4}, link)
+    heavy = PlanParams(recompute="cheap", n_tensors=0, recompute_heavy=1.0)
+
+    def made(params: PlanParams, price: RecomputePrice | None) -> dict[str, tuple[str, ...]]:
+        plan = derive_plan(ctx, params, price=price)
+        check_plan(g, ctx.order, plan)
+        return {r.tensor: r.ops for r in plan.recomputes}
+
+    # a's conv costs 1 ms against 7.8 ms of transfers: a is made again, and relu from it
+    assert made(heavy, cheap) == {"a:0": ("a",), "relu:0": ("a", "relu")}
+    # at 5 ms it is worth it only where it may cost the whole transfer time, not 0.25 of it
+    assert "a:0" in made(heavy, dear)
+    assert made(replace(heavy, recompute_heavy=0.25), dear) == {"relu:0": ("relu",)}
+    # never without a share, or without costs and a link to weigh it by
+    assert made(replace(heavy, recompute_heavy=0.0), cheap) == {"relu:0": ("relu",)}
+    assert made(heavy, None) == {"relu:0": ("relu",)}
+    assert "Conv2D" in RECOMPUTABLE_HEAVY and not RECOMPUTABLE_HEAVY & RECOMPUTABLE
+
+
+def test_the_time_model_charges_a_rerun_convolution() -> None:
+    g = _block()
+    ctx = PlanContext.build(g)
+    cost = {n: 1e-3 for n in g.ops}
+    link = Link(1 << 30, 1 << 30)
+    price = RecomputePrice(cost, link)
+    plan = derive_plan(
+        ctx, PlanParams(recompute="cheap", n_tensors=0, recompute_heavy=1.0), price=price
+    )
+    timeline = Timeline.build(ctx.order, cost)
+    program = compile_program(g, ctx.order)
+    result = simulate_plan(program, g, plan, timeline=timeline, link=link)
+    assert result.time is not None
+    assert result.time.recompute_seconds == pytest.approx(3e-3)  # a, then a and relu
+    made = {e.tensor for e in result.memory.trace if e.kind is EventKind.RECOMPUTE}
+    assert {"a:0@re", "relu:0@re"} <= made
+
+
+def test_a_chain_reads_the_swap_in_that_serves_the_next_reader_of_its_source() -> None:
+    """a is swapped in twice (for b0, then for b4); relu, read by b2, is made from a's second
+    copy, brought forward to relu's trigger, not from the first held on from b0."""
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4 * MIB, type="Conv2D")
+    r = add(g, "relu", a, 4 * MIB, type="Relu")
+    f = add(g, "f", r, 256)
+    seed = add(g, "gradient_tape/seed", f, 256)
+    b0 = add(g, "gradient_tape/b0", seed + a, 256)
+    b1 = add(g, "gradient_tape/b1", b0, 2 * MIB)
+    b2 = add(g, "gradient_tape/b2", b1 + r, 256)
+    b3 = add(g, "gradient_tape/b3", b2, 2 * MIB)
+    b4 = add(g, "gradient_tape/b4", b3 + a, 256)
+    g.mark_outputs(b4)
+    ctx = PlanContext.build(g)
+    plan = derive_plan(ctx, PlanParams(recompute="cheap", ub=1))
+    check_plan(g, ctx.order, plan)
+    (rc,) = plan.recomputes
+    (swap,) = plan.swaps
+    assert rc.tensor == "relu:0" and rc.sources == (("a:0", 1),)
+    first, second = swap.swap_ins
+    assert first.consumers == ("gradient_tape/b0",) and second.trigger == rc.trigger
+    result = simulate_plan(compile_program(g, ctx.order), g, plan).memory
+    made = {e.tensor for e in result.trace if e.kind is EventKind.RECOMPUTE}
+    assert "relu:0@re" in made
