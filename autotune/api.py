@@ -116,7 +116,7 @@ class Simulation:
             "overhead": self.overhead,
             "swapped_tensors": self.swapped_tensors,
             "swapped_bytes": self.plan.swapped_bytes,
-            "recomputed_tensors": len(self.plan.recomputes),
+            "recomputed_tensors": self.plan.recomputed_tensors,
             "recomputed_bytes": self.plan.recomputed_bytes,
             "recompute_seconds": self.recompute_seconds,
             "time_bound_seconds": self.time_bound_seconds,

@@ -138,7 +138,7 @@ class SwapCallback(keras.callbacks.Callback):
             )
             return _KERAS
         overhead = f", overhead {t.predicted_overhead:.3f}x" if t.predicted_overhead else ""
-        made = f", {len(t.plan.recomputes)} recomputed" if t.plan.recomputes else ""
+        made = f", {t.plan.recomputed_tensors} recomputed" if t.plan.recomputes else ""
         self._say(
             f"tuned at batch {batch}: {len(t.plan.swaps)} tensors swapped{made}, predicted peak "
             f"{format_sized(t.predicted_peak_bytes)} (no swap "

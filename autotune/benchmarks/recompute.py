@@ -66,7 +66,7 @@ def _at(steps: Steps, size: int, budget: Budget, trials: int, seed: int) -> dict
         best = method_at(steps, method, size, budget, trials, seed, recompute=recompute).best
         row[name] = best.overhead if best is not None else None
         if best is not None and name == "swap + recompute":
-            row["recomputed"] = len(best.plan.recomputes)
+            row["recomputed"] = best.plan.recomputed_tensors
             row["swapped"] = len(best.plan.swaps)
     row["time bound"] = time_bound_overhead(steps, size, budget)
     return row

@@ -90,6 +90,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _check_prefetch(params: Any, preset: Any) -> None:
     if params is not None and params.prefetch_bytes and preset is None:
         raise UsageError("--prefetch needs --device: it moves swap-ins by the time model")
+    if params is not None and params.recompute_heavy and preset is None:
+        raise UsageError("--recompute-heavy needs --device: it weighs ops by the time model")
 
 
 def cmd_measure(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ _PLAN_FLAGS = (
     "recompute",
     "recompute_ops",
     "recompute_limit",
+    "recompute_heavy",
     "prefetch_bytes",
     "postpone_waits",
 )
@@ -64,6 +65,17 @@ def _int_at_least(low: int):  # type: ignore[no-untyped-def]
         return value
 
     return parse
+
+
+def _share(text: str) -> float:
+    """A share of at least 0, for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text!r}")
+    return value
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -134,6 +146,13 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
         type=size_arg,
         help="while the plan's simulated peak passes this size, swap instead the recomputes "
         "whose chains hold bytes at the peak (fit sets it to the budget)",
+    )
+    g.add_argument(
+        "--recompute-heavy",
+        type=_share,
+        help="with --recompute cheap and --device: chains may also re-run convolutions and "
+        "matrix products where they cost at most this share of the transfer time they save, "
+        "e.g. 1 (default 0: never)",
     )
     g.add_argument(
         "--prefetch",

@@ -55,7 +55,7 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
             added = sim.recompute_seconds
             rerun = f", {added * 1e3:.2f} ms re-run per step" if added is not None else ""
             made = _sized(sim.plan.recomputed_bytes)
-            print(f"  recomputed {len(recomputes)} tensors, {made}{rerun}")
+            print(f"  recomputed {sim.plan.recomputed_tensors} tensors, {made}{rerun}")
         print(f"peak host    {_sized(r.host_peak_bytes)}")
     _print_order_edges(sim.plan.order_edges)
     print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
@@ -86,7 +86,7 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
 
 def print_verification(v: Any) -> None:
     """The measured peaks and step times of a verification next to the prediction."""
-    made = f", recomputed {len(v.plan.recomputes)}" if v.plan.recomputes else ""
+    made = f", recomputed {v.plan.recomputed_tensors}" if v.plan.recomputes else ""
     added = "ops added" if v.plan.recomputes else "swap ops"
     print(
         f"swapped      {len(v.plan.swaps)} tensors{made}; {len(v.executed)} of {v.swap_ops} "

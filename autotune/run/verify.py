@@ -83,7 +83,7 @@ class Verification:
             "fits": self.tuned.error is None,
             "error": self.tuned.error,
             "swapped_tensors": len(self.plan.swaps),
-            "recomputed_tensors": len(self.plan.recomputes),
+            "recomputed_tensors": self.plan.recomputed_tensors,
             "order_edges": len(self.plan.order_edges),
             "swap_ops": self.swap_ops,
             "swap_ops_executed": len(self.executed),

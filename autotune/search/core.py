@@ -117,6 +117,9 @@ RECOMPUTE_ONLY = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMP
 PREFETCH_SHARES = (0.7, 1.0)
 #: The last warm start lets the forward pass run this share of the levels ahead of the link
 SYNC_LAG_SHARE = 64
+#: The shares of the transfer time a chain through convolutions or matrix products may cost
+#: (`PlanParams.recompute_heavy`; 0: never), searched with cheap recomputes and a time model
+RECOMPUTE_HEAVY = (0.0, 0.25, 1.0)
 #: What a run lets the search do with recomputes: search whether (the default), or fix a mode.
 RECOMPUTE_CHOICES = ("search", *RECOMPUTE_MODES)
 
@@ -209,7 +212,10 @@ class Space:
             mode = trial.suggest_categorical("recompute", list(RECOMPUTE_MODES))
         ops = trial.suggest_int("recompute_ops", 1, RECOMPUTE_MAX_OPS)
         limit = self.limit_bytes if mode == "cheap" else 0
-        return {"recompute": mode, "recompute_ops": ops, "recompute_limit": limit}
+        out = {"recompute": mode, "recompute_ops": ops, "recompute_limit": limit}
+        if mode == "cheap" and self.budget_bytes:
+            out["recompute_heavy"] = trial.suggest_categorical("recompute_heavy", RECOMPUTE_HEAVY)
+        return out
 
     def of_params(self, p: PlanParams) -> dict[str, Any]:
         """Trial parameters that give `p` (sizes clamped to this graph's ranges)."""
@@ -227,9 +233,17 @@ class Space:
             "serialize": p.serialize,
             "recompute": p.recompute if self.recompute == "search" else self.recompute,
             "recompute_ops": min(p.recompute_ops, RECOMPUTE_MAX_OPS),
+            **self._heavy_params(p),
             **self._prefetch_params(p),
             **({"backward_swaps": p.backward_swaps} if n == self.candidates else {}),
         }
+
+    def _heavy_params(self, p: PlanParams) -> dict[str, Any]:
+        """`recompute_heavy` as the nearest searched share, where the search draws it."""
+        mode = p.recompute if self.recompute == "search" else self.recompute
+        if not self.budget_bytes or mode != "cheap":
+            return {}
+        return {"recompute_heavy": min(RECOMPUTE_HEAVY, key=lambda x: abs(x - p.recompute_heavy))}
 
     def _prefetch_params(self, p: PlanParams) -> dict[str, Any]:
         if not self.budget_bytes:
@@ -254,7 +268,9 @@ class Space:
         budget leaves room for (its swap-outs waited for where their copies should end), that
         plan with the backward swaps the budget needs, and both again with the forward pass let
         run 1/SYNC_LAG_SHARE of the levels ahead of its swap-outs instead, and the two without
-        backward swaps again with their waits left at the readers or the lag."""
+        backward swaps again with their waits left at the readers or the lag, and the two with
+        backward swaps again recomputing through convolutions and matrix products wherever
+        that costs less than the transfers it saves (unless the run forbids recomputes)."""
         out = [self.defaults(), self.least_memory()]
         if self.recompute == "search":
             cheap = replace(
@@ -272,6 +288,11 @@ class Space:
             lagged = replace(early, sync_lag=max(2, self.levels // SYNC_LAG_SHARE))
             ahead = [replace(p, backward_swaps=b) for p in (early, lagged) for b in (False, True)]
             ahead += [replace(p, postpone_waits=False) for p in (early, lagged)]
+            if mode == "cheap":
+                heavy = RECOMPUTE_HEAVY[-1]
+                ahead += [
+                    replace(p, backward_swaps=True, recompute_heavy=heavy) for p in (early, lagged)
+                ]
             out += [self.of_params(p) for p in ahead]
         return out
 
@@ -310,6 +331,15 @@ class Space:
         for key in ("backward_swaps", "postpone_waits"):
             if key in params:
                 out.append({**params, key: not params[key]})
+        if "recompute_heavy" in params:
+            i = RECOMPUTE_HEAVY.index(params["recompute_heavy"])
+            for j in (i - 1, i + 1):
+                move(
+                    "recompute_heavy",
+                    RECOMPUTE_HEAVY[min(max(j, 0), len(RECOMPUTE_HEAVY) - 1)],
+                    0.0,
+                    1.0,
+                )
         if params.get("ub", 1) < params.get("lb", 1):  # ub halved under lb: lb follows
             out = [{**q, "lb": min(q["lb"], q["ub"])} for q in out]
         return [self._with_backward(q) for q in out]

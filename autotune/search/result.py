@@ -185,7 +185,7 @@ class TuningResult:
             "params": self.params.to_dict(),
             "swapped_tensors": len(self.plan.swaps),
             "swapped_bytes": self.plan.swapped_bytes,
-            "recomputed_tensors": len(self.plan.recomputes),
+            "recomputed_tensors": self.plan.recomputed_tensors,
             "recomputed_bytes": self.plan.recomputed_bytes,
             "recompute_seconds": self.recompute_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],

@@ -33,6 +33,14 @@ def test_models_lists_the_zoo() -> None:
             ["simulate", "--model", "tiny-cnn", "--batch-size", "2", "--prefetch", "1GiB"],
             "--prefetch needs --device",
         ),
+        (
+            ["simulate", "--model", "tiny-cnn", "--batch-size", "2", "--recompute-heavy", "1"],
+            "--recompute-heavy needs --device",
+        ),
+        (
+            ["simulate", "--model", "tiny-cnn", "--batch-size", "2", "--recompute-heavy", "-1"],
+            "at least 0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
@@ -66,6 +74,13 @@ def test_simulate_json_bounds_the_time_of_a_plan_that_fits() -> None:
     late = cli_json(*args, *plan, "--backward-swaps", "--backward-limit", "87MiB")
     assert late["params"]["backward_swaps"] and late["params"]["backward_limit"] == 87 << 20
     assert late["peak_bytes"] <= DEFAULT_SAFETY_RATIO * (95 << 20)
+    cheap = cli_json(*args, *plan, "--recompute", "cheap", "--recompute-ops", "8")
+    heavy = cli_json(*args, *plan, "--recompute", "cheap", "--recompute-ops", "8",
+                     "--recompute-heavy", "1")  # fmt: skip
+    assert heavy["params"]["recompute_heavy"] == 1.0
+    assert heavy["recomputed_tensors"] > cheap["recomputed_tensors"]  # the convolutions' outputs
+    assert heavy["recompute_seconds"] > cheap["recompute_seconds"]
+    assert heavy["time_bound_seconds"] <= heavy["step_seconds"]
 
 
 @pytest.mark.tf

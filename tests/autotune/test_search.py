@@ -68,10 +68,13 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     assert both.backward_swaps and space.of_params(both)["backward_swaps"] is True
     assert both.backward_limit == 1 << 30 and p.backward_limit == 0  # targeted at the budget
     timed = Space(candidates=20, levels=300, budget_bytes=1 << 30)
-    fixed = {**trial.params, "prefetch": True, "prefetch_share": 0.9, "postpone_waits": False}
+    fixed = {**trial.params, "prefetch": True, "prefetch_share": 0.9, "postpone_waits": False,
+             "recompute_heavy": 0.25}  # fmt: skip
     kept = timed.suggest(optuna.trial.FixedTrial(fixed))
     assert kept.prefetch_bytes and not kept.postpone_waits
     assert timed.of_params(kept)["postpone_waits"] is False
+    assert kept.recompute_heavy == 0.25 and timed.of_params(kept)["recompute_heavy"] == 0.25
+    assert "recompute_heavy" not in space.of_params(kept)  # no time model: not searched
     unsynced = timed.suggest(optuna.trial.FixedTrial({**fixed, "sync_out": False}))
     assert unsynced.postpone_waits and "postpone_waits" not in timed.of_params(unsynced)
     # asked for only when every forward candidate is swapped
@@ -105,8 +108,8 @@ def test_neighbours_move_one_axis_each_within_the_ranges() -> None:
     space = Space(candidates=200, levels=300, budget_bytes=1 << 30)
     base = {"n_tensors": 200, "lb": 2, "ub": 4, "threshold": 1, "groupby": 0,
             "trigger": "direct_order", "sync_out": True, "sync_lag": 16, "serialize": True,
-            "recompute": "cheap", "recompute_ops": 8, "prefetch": True,
-            "prefetch_share": 1.0}  # fmt: skip
+            "recompute": "cheap", "recompute_ops": 8, "recompute_heavy": 0.25,
+            "prefetch": True, "prefetch_share": 1.0}  # fmt: skip
     moves = space.neighbours(base, swapped=100)
     assert moves and base not in moves
     for q in moves:
@@ -118,6 +121,7 @@ def test_neighbours_move_one_axis_each_within_the_ranges() -> None:
     assert sorted(q["n_tensors"] for q in moves if q["n_tensors"] != 200) == [80, 90, 97, 103]
     assert {q["sync_lag"] for q in moves} >= {8, 32} and {q["ub"] for q in moves} >= {2, 8}
     assert {q["recompute_ops"] for q in moves} == {7, 8} and {q["groupby"] for q in moves} >= {2}
+    assert {q["recompute_heavy"] for q in moves} == {0.0, 0.25, 1.0}
 
 
 def test_a_fixed_recompute_mode_is_not_searched() -> None:
@@ -127,6 +131,11 @@ def test_a_fixed_recompute_mode_is_not_searched() -> None:
     assert never.recompute == "none"
     always = Space(20, 300, "cheap").suggest(optuna.trial.FixedTrial({**swap, "recompute_ops": 2}))
     assert (always.recompute, always.recompute_ops) == ("cheap", 2)
+    heavy = {**swap, "recompute": "cheap", "recompute_ops": 8, "recompute_heavy": 1.0,
+             "prefetch": False}  # fmt: skip
+    timed = Space(20, 300, budget_bytes=1 << 30).suggest(optuna.trial.FixedTrial(heavy))
+    assert timed.recompute_heavy == 1.0  # drawn only with a time model to weigh ops by
+    assert Space(20, 300).suggest(optuna.trial.FixedTrial(heavy)).recompute_heavy == 0.0
     searched = Space(20, 300).starts()
     assert [s["recompute"] for s in searched] == ["none", "none", "cheap", "cheap"]
     assert searched[-1]["n_tensors"] == 0  # recompute only
@@ -184,10 +193,12 @@ def test_study_starts_from_the_original_defaults(engine) -> None:  # type: ignor
     assert second.params == space.least_memory()
     early = out.study.trials[len(space.starts()) - 1]  # the least-memory plan, prefetched
     assert early.params["prefetch"] and early.params["prefetch_share"] == 1.0
-    ahead = [(s["sync_lag"] > 1, s["backward_swaps"], s["postpone_waits"])
-             for s in space.starts()[-6:]]  # fmt: skip
-    assert ahead == [(False, False, True), (False, True, True), (True, False, True),
-                     (True, True, True), (False, False, False), (True, False, False)]  # fmt: skip
+    ahead = [(s["sync_lag"] > 1, s["backward_swaps"], s["postpone_waits"], s["recompute_heavy"])
+             for s in space.starts()[-8:]]  # fmt: skip
+    assert ahead == [(False, False, True, 0.0), (False, True, True, 0.0), (True, False, True, 0.0),
+                     (True, True, True, 0.0), (False, False, False, 0.0),
+                     (True, False, False, 0.0), (False, True, True, 1.0),
+                     (True, True, True, 1.0)]  # fmt: skip
     assert first.user_attrs["plan_params"] == PlanParams().to_dict() | {
         "ub": Space.of(engine).levels
     }
@@ -284,7 +295,7 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
     budget = budget_at(engine, 0.8)
     original = original_autotuner(engine, budget)
     assert original.best is not None
-    out = run_study(engine, budget, in_memory_study("tpe", 3), 12, starts=(original.best.params,))
+    out = run_study(engine, budget, in_memory_study("tpe", 3), 14, starts=(original.best.params,))
     after = len(Space.of(engine, budget_bytes=budget.bytes).starts())  # the defaults, ...
     picked = PlanParams.from_dict(out.study.trials[after].user_attrs["plan_params"])
     assert engine.evaluate(picked).plan == original.best.plan
