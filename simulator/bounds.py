@@ -12,15 +12,19 @@ plan makes adds bytes), by swapping them out or by freeing them to recompute the
 swapped tensor live at p has a reader after p, so its swap-out ends before p starts and its
 swap-in is triggered at p or later: the device-to-host stream carries the swapped bytes before
 p, the host-to-device stream after it, and the step lasts at least S/d2h + S/h2d for S swapped
-bytes, however well the copies overlap compute. Recomputing R bytes adds at least R times the
-cheapest recompute's seconds per byte to the one compute stream, which already runs the whole
-step's compute. The bound is the least, over every split of `over` into S + R (R no more than
-the plan family can recompute), of the larger of the two. Memory counts allocations, rounded
+bytes, however well the copies overlap compute. A recompute re-runs at least the op that makes
+its tensor, so recomputing a tensor adds at least its producer's seconds to the one compute
+stream, which already runs the whole step's compute; recomputing R bytes costs at least the
+cheapest R bytes, per byte, of the tensors a plan could recompute (`tiers`: the forward
+candidates made by a pure op). The bound is the least, over every split of `over` into S + R,
+of the larger of the two. Memory counts allocations, rounded
 up; the link carries the tensors' own bytes, so `over` is first reduced by what the candidates'
 rounding adds (`Engine.time_bound`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from simulator.graph import Graph, Op
 from simulator.heap import GRANULARITY, round_up
@@ -64,17 +68,25 @@ def time_bound_seconds(
     compute: float,
     over: int,
     link: Link,
-    recomputable: int = 0,
-    per_byte: float = 0.0,
+    tiers: Sequence[tuple[int, float]] = (),
 ) -> float:
     """The least step time of a plan that takes `over` bytes off the device at the peak (see
-    the module's docstring): `compute` is the step's compute seconds, `recomputable` the bytes
-    recomputes could free at best and `per_byte` the least seconds a recompute takes per byte."""
+    the module's docstring): `compute` is the step's compute seconds, `tiers` the bytes
+    recomputes could free, each with the least seconds per byte their recompute takes."""
     if over <= 0:
         return compute
     k = 1 / link.d2h + 1 / link.h2d  # seconds per swapped byte, out before p and in after it
-    cap = min(over, recomputable)
-    # the compute side grows with the recomputed bytes x, the transfer side shrinks: the least
-    # of their maximum is where they meet, or at an end of [0, cap]
-    x = min(max((over * k - compute) / (per_byte + k), 0.0), cap)
-    return max(compute + per_byte * x, (over - x) * k)
+    # the compute side grows with the recomputed bytes x, cheapest first (convex), the
+    # transfer side shrinks: the least of their maximum is where they meet, or at an end
+    x, added = 0.0, compute
+    for nbytes, per_byte in sorted(tiers, key=lambda t: t[1]):
+        if added >= (over - x) * k:
+            break
+        meet = (over * k - added + per_byte * x) / (per_byte + k)
+        step = min(nbytes, over - x)
+        if meet <= x + step:
+            return added + per_byte * (meet - x)
+        x, added = x + step, added + per_byte * step
+        if x >= over:
+            break
+    return max(added, (over - x) * k)

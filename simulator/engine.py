@@ -35,7 +35,6 @@ from simulator import (
 from simulator.bounds import time_bound_seconds
 from simulator.derive import (
     LEAST_MEMORY,
-    RECOMPUTE_MAX_OPS,
     PlanContext,
     PlanParams,
     RecomputePrice,
@@ -43,7 +42,12 @@ from simulator.derive import (
 )
 from simulator.heap import GRANULARITY, round_up
 from simulator.memory import paused_gc
-from simulator.opsemantics import SHAPE_ONLY, fused_together
+from simulator.opsemantics import (
+    RECOMPUTABLE,
+    RECOMPUTABLE_HEAVY,
+    SHAPE_ONLY,
+    fused_together,
+)
 from simulator.order_edges import Edge, deferral_edges, find_order_edges, grouped
 from simulator.prefetch import postpone_waits, prefetch
 from simulator.timing import Link
@@ -226,33 +230,36 @@ class Engine:
         without the time model or when no plan fits (the budget under the lower bound)."""
         if self.timeline is None or self.device is None or budget_bytes < self.lower_bound:
             return None
-        rows = [self._bound_inputs()]
-        if ordered and rows[0][0] > budget_bytes:
-            rows.append(self.serialized()._bound_inputs())
-        peak = min(r[0] for r in rows)
-        recomputable = max(r[1] for r in rows)
-        per_byte = min(r[2] for r in rows)
+        peak = self._bare_peak()
+        if ordered and peak > budget_bytes:
+            peak = min(peak, self.serialized()._bare_peak())
         compute = self.timeline.baseline_seconds
         # memory counts allocations (rounded up), a link carries a tensor's own bytes: the
         # candidates' rounding could fill this many of the bytes to remove with no transfer
         over = peak - budget_bytes - self._rounding()
-        return time_bound_seconds(compute, over, self.device.link, recomputable, per_byte)
+        return time_bound_seconds(compute, over, self.device.link, self._recompute_tiers())
 
     def _rounding(self) -> int:
         """The bytes the candidate tensors' allocations hold beyond the tensors themselves."""
         sizes = [self.graph.tensors[c.tensor].nbytes for c in self.context.candidates]
         return sum(round_up(n, GRANULARITY) - n for n in sizes)
 
-    def _bound_inputs(self) -> tuple[int, int, float]:
-        """The live peak without a plan, the bytes the widest recompute plan frees, and the
-        least seconds per byte of its recomputes (0 when it has none), in allocated bytes."""
+    def _bare_peak(self) -> int:
+        """The live peak without a plan."""
         bare = self.evaluate(PlanParams(n_tensors=0), allocator=False, timed=False)
-        widest = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS)
-        recomputes = self.evaluate(widest, allocator=False, timed=False).plan.recomputes
+        return bare.result.memory.live_peak_bytes
+
+    def _recompute_tiers(self) -> list[tuple[int, float]]:
+        """Per forward candidate a plan could recompute (made by a pure op), its allocated
+        bytes and its producer's seconds per byte: the least any recompute of it costs."""
         cost = self.cost or {}
-        sizes = [round_up(r.nbytes, GRANULARITY) for r in recomputes]
-        rates = (sum(cost.get(o, 0.0) for o in r.ops) / n for r, n in zip(recomputes, sizes))
-        return bare.result.memory.live_peak_bytes, sum(sizes), min(rates, default=0.0)
+        pure = RECOMPUTABLE | RECOMPUTABLE_HEAVY
+        out = []
+        for c in self.context.candidates:
+            if not c.made_in_backward and self.graph.ops[c.producer].type in pure:
+                n = round_up(self.graph.tensors[c.tensor].nbytes, GRANULARITY)
+                out.append((n, cost.get(c.producer, 0.0) / n))
+        return out
 
     def _prefetched(
         self, plan: SwapPlan, limit: int, link: Link, postpone: bool = True

@@ -22,7 +22,8 @@ def training_graphs(draw: st.DrawFn) -> Graph:
             f"f{i}",
             ins,
             draw(st.integers(1, 1 << 16)),
-            type=draw(st.sampled_from(["Op", "Relu", "Mul"])),  # the last two recomputable
+            # Relu and Mul are recomputable, Conv2D where it costs less than its transfers
+            type=draw(st.sampled_from(["Op", "Relu", "Mul", "Conv2D"])),
             inplace=(0,) if draw(st.booleans()) else (),
         )
     grad = add(g, "gradient_tape/seed", [fwd[-1]], 256)
@@ -37,8 +38,18 @@ def training_graphs(draw: st.DrawFn) -> Graph:
 
 
 params = st.builds(
-    lambda n, lb, span, thr, grp, trig, rc, ops, sync, lag: PlanParams(
-        n, lb, lb + span, thr, grp, trig, sync, recompute=rc, recompute_ops=ops, sync_lag=lag
+    lambda n, lb, span, thr, grp, trig, rc, ops, sync, lag, heavy: PlanParams(
+        n,
+        lb,
+        lb + span,
+        thr,
+        grp,
+        trig,
+        sync,
+        recompute=rc,
+        recompute_ops=ops,
+        sync_lag=lag,
+        recompute_heavy=heavy,
     ),
     st.integers(-1, 6),
     st.integers(1, 4),
@@ -50,6 +61,7 @@ params = st.builds(
     st.integers(1, 3),
     st.booleans(),
     st.integers(0, 4),
+    st.sampled_from([0.0, 0.25, 1.0, 100.0]),
 )
 
 
