@@ -110,8 +110,12 @@ class Budget:
 #: The plan that saves the most memory, with order edges and backward tensors swapped too: ours'
 #: second warm start.
 LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True, backward_swaps=True)
-#: The recompute-only baseline: no swapping, every cheap chain recomputed.
-RECOMPUTE_ONLY = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS)
+#: The recompute-only baseline, checkpointing as `tf.recompute_grad` does: no swapping, every
+#: chain of up to RECOMPUTE_MAX_OPS pure ops recomputed, convolutions too whatever they cost
+#: (with a time model to weigh them by; else cheap chains only).
+RECOMPUTE_ONLY = PlanParams(
+    n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS, recompute_heavy=1e6
+)
 #: The range of the share of the budget prefetched swap-ins may fill (of the live bytes: the
 #: allocator's peak is higher by its fragmentation)
 PREFETCH_SHARES = (0.7, 1.0)
