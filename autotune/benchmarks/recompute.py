@@ -4,7 +4,8 @@ Run `python -m autotune.benchmarks.recompute [--trials 50] [--out results]`. For
 size) and the zoo's 3D U-Net (cube edge, batch 1) on both V100 presets (16 GiB) it finds the
 largest size of three methods: swap only (ours with `recompute="none"`), recompute only (no
 swapping, every chain of up to `RECOMPUTE_MAX_OPS` pure ops recomputed, convolutions
-included whatever they cost: the baseline in the manner of `tf.recompute_grad`) and swap + recompute (ours, recomputes searched).
+included whatever they cost: the baseline in the manner of `tf.recompute_grad`) and swap +
+recompute (ours, recomputes searched).
 At the swap-only largest size, at each method's own largest size and on a grid up to the
 largest, it gives each method's predicted overhead (step time over the no-swap step's; n/a where
 the method fits no plan) and the time bound (`simulator.bounds`: the least overhead any plan

@@ -240,8 +240,23 @@ def _run(fn: Any, inputs: list[Any], device: str, steps: int) -> Run:
 
 
 def _swap_op_devices(tuned: TunedStep, partitions: list[Any]) -> dict[str, str]:
+    """The device each swap op and recompute copy ran on. Grappler's remapper may fuse a
+    recomputed convolution's copy into its chain's next copy (a fused kernel, `_Fused...` or
+    oneDNN's `_Mkl...`): the copies of a chain that holds a fused kernel count as run there."""
     wanted = set(tuned.swap_ops)
-    return {n.name: n.device for pg in partitions for n in pg.node if n.name in wanted}
+    nodes = {n.name: n for pg in partitions for n in pg.node if n.name in wanted}
+    out = {name: n.device for name, n in nodes.items()}
+    fused = {_chain(name): n.device for name, n in nodes.items() if n.op.startswith("_")}
+    for name in wanted - out.keys():
+        if _chain(name) in fused:
+            out[name] = fused[_chain(name)]
+    return out
+
+
+def _chain(name: str) -> str:
+    """The `recompute/K/` prefix of a recompute copy's name ('' for a swap op)."""
+    parts = name.split("/", 2)
+    return "/".join(parts[:2]) + "/" if parts[0] == "recompute" and len(parts) == 3 else ""
 
 
 def use_two_cpus() -> None:

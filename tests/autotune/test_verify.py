@@ -48,6 +48,22 @@ def test_a_recompute_plan_lowers_the_measured_peak_as_predicted() -> None:
     assert all(r["swap_ops_executed"] == r["swap_ops"] > 0 for r in runs)  # the copies ran
 
 
+def test_recomputed_convolutions_lower_the_measured_peak_as_predicted() -> None:
+    # with a preset's costs and link, the convolutions' outputs are made again too
+    args = ("verify", "--model", "tests/models.py:bn_cnn", "--batch-size", "256")
+    plan = ("--n-tensors", "0", "--recompute", "cheap", "--recompute-ops", "8")
+    heavy = (*plan, "--recompute-heavy", "1", "--device", "v100-16gb-nvlink2")
+    runs = [cli_json(*args, *heavy) for _ in range(3)]
+    out = sorted(runs, key=lambda r: r["measured_peak_bytes"])[1]
+    cheap = cli_json(*args, *plan, "--device", "v100-16gb-nvlink2")
+    assert out["recomputed_tensors"] > cheap["recomputed_tensors"]
+    assert out["predicted_peak_bytes"] < cheap["predicted_peak_bytes"]
+    assert out["measured_peak_bytes"] < out["baseline_measured_peak_bytes"]
+    assert abs(out["error_percent"]) <= 15.0, [r["error_percent"] for r in runs]
+    # every copy ran: a convolution's copy fused with its bias add's counts as run
+    assert all(r["swap_ops_executed"] == r["swap_ops"] > 0 for r in runs)
+
+
 def test_a_prefetched_plan_derived_for_a_preset_runs_every_swap_op() -> None:
     out = cli_json(
         "verify", "--model", "tiny-cnn", "--batch-size", "64", "--ub", "1", "--sync-out",
