@@ -44,7 +44,7 @@ class SavedPlan:
                 "(a Keras model built again in one process gets new layer names: build it in "
                 "a fresh process or after keras.backend.clear_session())"
             )
-        if batch_size == self.batch_size or not self.plan.swaps:
+        if batch_size == self.batch_size or not (self.plan.swaps or self.plan.recomputes):
             return self.plan
         from autotune.run.verify import plan_for
 

@@ -144,8 +144,8 @@ def rewrite_captured(captured: Captured, plan: PlanParams | SwapPlan, **options:
 
 def training_step(captured: Captured, plan: SwapPlan) -> Any:
     """The step to train with under `plan`: the captured step itself when the plan changes
-    nothing (no swap, no order edge), else the rewritten one."""
-    if not plan.swaps and not plan.order_edges:
+    nothing (no swap, no recompute, no order edge), else the rewritten one."""
+    if not plan.swaps and not plan.recomputes and not plan.order_edges:
         return captured.concrete_function
     return rewrite_captured(captured, plan)
 

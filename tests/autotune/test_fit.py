@@ -74,7 +74,7 @@ def test_fit_a_keras_model_and_write_its_report(tmp_path) -> None:  # type: igno
     zm = get_entry("tiny-cnn").build()
     kw = {"loss": zm.loss, "optimizer": zm.optimizer, "batch_size": 256}
     tuned = autotune.fit(zm.model, gpu_memory="80MiB", trials=10, out=tmp_path, **kw)
-    assert tuned.batch_size == 256 and tuned.plan.swaps
+    assert tuned.batch_size == 256 and (tuned.plan.swaps or tuned.plan.recomputes)
     assert tuned.predicted_peak_bytes <= tuned.budget.bytes < tuned.baseline.peak_bytes
     report = tuned.report(tmp_path / "report")
     files = ("summary.json", "plan.json", "trials.csv", "report.md", "report.html")
@@ -157,7 +157,8 @@ def test_a_tuned_step_takes_any_batch_and_numpy_defaults(tmp_path) -> None:  # t
     tuned = autotune.fit(
         step, *specs(), gpu_memory=budget, safety_ratio=1.0, trials=8, out=tmp_path
     )
-    assert tuned.plan.swaps
+    assert tuned.plan.swaps or tuned.plan.recomputes  # recompute only, matmuls too, may win
+    assert tuned.step is not tuned.captured.concrete_function  # applied, if recompute only too
     rng = np.random.default_rng(1)
     for batch in (512, 100, 512, 100):
         x, y = rng.normal(size=(batch, 64)), rng.integers(0, 10, size=batch)
@@ -168,7 +169,8 @@ def test_a_tuned_step_takes_any_batch_and_numpy_defaults(tmp_path) -> None:  # t
     for w, v in zip(ws, twin_ws, strict=True):
         assert np.array_equal(w.numpy(), v.numpy())
     assert set(tuned._at) == {100}  # derived once, then cached
-    assert tuned.at_batch(100).plan.swaps  # the parameters give a plan there too
+    again = tuned.at_batch(100).plan  # the parameters give a plan there too
+    assert again.swaps or again.recomputes
 
 
 def test_a_tuned_step_names_an_argument_it_cannot_take(tmp_path) -> None:  # type: ignore[no-untyped-def]
