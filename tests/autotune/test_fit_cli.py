@@ -219,7 +219,8 @@ def test_two_workers_on_one_study_finish_the_trials_together(tmp_path: Path) -> 
 
 
 def test_fit_max_batch_keeps_the_host_peak_within_host_memory(tmp_path: Path) -> None:
-    args = ("fit", *TINY, "--max-batch", "--trials", "8")
+    # swap only: recomputes (convolutions too) free memory without the host's
+    args = ("fit", *TINY, "--max-batch", "--trials", "8", "--recompute", "none")
     free = cli_json(*args, "--out", str(tmp_path / "free"))
     assert free["host_memory_bytes"] is None  # no GPU here: no default limit, but reported
     assert free["predicted_host_peak_bytes"] > 0
