@@ -528,7 +528,8 @@ class Refine:
         trials = study.get_trials(deepcopy=False)
         done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
         waiting = optuna.trial.TrialState.WAITING
-        left = self.total - len(done)
+        running = sum(t.state == optuna.trial.TrialState.RUNNING for t in trials)
+        left = self.total - len(done) - running  # other workers' trials finish too
         if len(done) < self.after or left <= 0 or any(t.state == waiting for t in trials):
             return
         fits = [t for t in done if max(_constraints(t)) <= 0]
