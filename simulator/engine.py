@@ -56,6 +56,8 @@ __all__ = ["Engine", "Evaluation"]
 
 #: at most this many rounds of swapping recomputes that hold bytes at the peak instead
 GUARD_ROUNDS = 8
+#: then at most this many of the recomputes it swapped instead, the largest, are tried again
+GUARD_RELEASES = 16
 #: with backward tensors swapped, at most this many rounds of prefetching under a lower limit
 PREFETCH_ROUNDS = 3
 
@@ -383,9 +385,9 @@ class Engine:
         hold bytes at the peak (a chain's intermediates, or a source swap-in brought forward
         for it, can outweigh the tensor it makes), for at most `GUARD_ROUNDS` rounds: alike
         blocks peak alike, one after another, so the peak may first rise; the lowest peak
-        found is kept."""
+        found is kept, then `_released` gives back the recomputes it did not need."""
         keep: frozenset[str] = frozenset()
-        best = (plan, result)
+        best = (keep, plan, result)
         for _ in range(GUARD_ROUNDS):
             if result.peak_bytes <= params.recompute_limit:
                 break
@@ -395,9 +397,36 @@ class Engine:
             keep |= blamed
             plan = self._plan(params, keep, link)
             result = self._simulate(plan, link, timed, allocator)
-            if result.peak_bytes < best[1].peak_bytes:
-                best = (plan, result)
-        return best
+            if result.peak_bytes < best[2].peak_bytes:
+                best = (keep, plan, result)
+        if best[0] and timed and best[2].peak_bytes <= params.recompute_limit:
+            return self._released(params, *best, link, allocator)
+        return best[1], best[2]
+
+    def _released(
+        self,
+        params: PlanParams,
+        keep: frozenset[str],
+        plan: SwapPlan,
+        result: PlanResult,
+        link: Link | None,
+        allocator: bool,
+    ) -> tuple[SwapPlan, PlanResult]:
+        """The guard swaps all the recomputes at a peak at once, where fewer would do: recompute
+        again each tensor it kept (at most `GUARD_RELEASES`, largest first) where the peak
+        stays within `recompute_limit` and the step gets shorter (ResNet-50 at batch 1147 on
+        v100-16gb-pcie3, the plan of results/ at 2fe9de3: 14.24 s to 13.03 s)."""
+        tried = sorted(keep, key=lambda t: (-self.graph.tensors[t].nbytes, t))
+        for name in tried[:GUARD_RELEASES]:
+            trial = self._plan(params, keep - {name}, link)
+            got = self._simulate(trial, link, True, allocator)
+            if got.peak_bytes <= params.recompute_limit and _faster(got, result):
+                keep, plan, result = keep - {name}, trial, got
+        return plan, result
+
+
+def _faster(a: PlanResult, b: PlanResult) -> bool:
+    return (a.time.step_seconds if a.time else 0.0) < (b.time.step_seconds if b.time else 0.0)
 
 
 def _at_peak(graph: Graph, plan: SwapPlan, result: PlanResult) -> frozenset[str]:

@@ -201,6 +201,47 @@ def test_the_guard_swaps_a_recompute_that_raises_the_peak_instead() -> None:
     assert (roomy.plan.swaps, roomy.plan.recomputes) == (plain.plan.swaps, plain.plan.recomputes)
 
 
+def _raising_twice() -> Graph:
+    """`_raising` twice side by side, both relus read by b1 and both a's by b3: at b1 each
+    recompute holds its source's copy too, so the guard swaps both where one would do."""
+    g = Graph()
+    ends = []
+    for k in ("", "2"):
+        x = add(g, f"x{k}", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+        a = add(g, f"a{k}", x, 4 * MIB, type="Conv2D")
+        m = add(g, f"m{k}", a, 4 * MIB, type="Mul")
+        ends.append((a, add(g, f"relu{k}", m, 4 * MIB, type="Relu")))
+    (a, r), (a2, r2) = ends
+    seed = add(g, "gradient_tape/seed", add(g, "f", r + r2, 256), 6 * MIB)
+    b1 = add(g, "gradient_tape/b1", seed + r + r2, 4 * MIB)
+    b2 = add(g, "gradient_tape/b2", b1, 4 * MIB)
+    g.mark_outputs(add(g, "gradient_tape/b3", b2 + a + a2, 256))
+    return g
+
+
+def test_the_guard_gives_back_the_recomputes_it_did_not_need() -> None:
+    from simulator import get_preset
+    from simulator.engine import Engine
+
+    g = _raising_twice()
+    slow = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=1 << 30)
+    engine = Engine.build(g, device=slow, cost=dict.fromkeys(g.ops, 1e-3))
+    params = PlanParams(ub=1, sync_out=True, recompute="cheap", recompute_limit=24 * MIB + 256)
+    plain = engine.evaluate(replace(params, recompute_limit=0))
+    assert len(plain.plan.recomputes) == 2 and plain.peak_bytes > params.recompute_limit
+    # without a time model nothing says a recompute is worth its bytes: both are swapped
+    untimed = engine.evaluate(params, timed=False)
+    swapped = engine.evaluate(replace(params, recompute_limit=1))
+    assert not untimed.plan.recomputes and not swapped.plan.recomputes
+    # with one: one recompute is given back, within the limit and faster than both swapped
+    guarded = engine.evaluate(params)
+    check_plan(g, engine.order, guarded.plan)
+    assert len(guarded.plan.recomputes) == 1
+    assert untimed.peak_bytes < guarded.peak_bytes <= params.recompute_limit
+    assert guarded.step_seconds is not None and swapped.step_seconds is not None
+    assert guarded.step_seconds < swapped.step_seconds
+
+
 def test_heavy_ops_are_rerun_only_where_cheaper_than_the_transfers_they_save() -> None:
     g = _block()  # a = Conv2D(x): x is an input, held all step
     ctx = PlanContext.build(g)
