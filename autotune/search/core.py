@@ -274,7 +274,9 @@ class Space:
         run 1/SYNC_LAG_SHARE of the levels ahead of its swap-outs instead, and the two without
         backward swaps again with their waits left at the readers or the lag, and the two with
         backward swaps again recomputing through convolutions and matrix products wherever
-        that costs less than the transfers it saves (unless the run forbids recomputes)."""
+        that costs less than the transfers it saves, by chains as long as the search allows
+        (a batch norm, its activation and the next convolution are 7 ops), unless the run
+        forbids recomputes."""
         out = [self.defaults(), self.least_memory()]
         if self.recompute == "search":
             cheap = replace(
@@ -293,9 +295,14 @@ class Space:
             ahead = [replace(p, backward_swaps=b) for p in (early, lagged) for b in (False, True)]
             ahead += [replace(p, postpone_waits=False) for p in (early, lagged)]
             if mode == "cheap":
-                heavy = RECOMPUTE_HEAVY[-1]
                 ahead += [
-                    replace(p, backward_swaps=True, recompute_heavy=heavy) for p in (early, lagged)
+                    replace(
+                        p,
+                        backward_swaps=True,
+                        recompute_heavy=RECOMPUTE_HEAVY[-1],
+                        recompute_ops=RECOMPUTE_MAX_OPS,
+                    )
+                    for p in (early, lagged)
                 ]
             out += [self.of_params(p) for p in ahead]
         return out

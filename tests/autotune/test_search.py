@@ -23,7 +23,7 @@ from autotune.search.core import (
     single_plan,
     stop_when_fits,
 )
-from simulator.derive import PlanParams
+from simulator.derive import RECOMPUTE_MAX_OPS, PlanParams
 from simulator.errors import UserError
 
 RESULTS = Path(__file__).parents[2] / "results" / "simulator_accuracy.json"
@@ -199,6 +199,9 @@ def test_study_starts_from_the_original_defaults(engine) -> None:  # type: ignor
                      (True, True, True, 0.0), (False, False, False, 0.0),
                      (True, False, False, 0.0), (False, True, True, 1.0),
                      (True, True, True, 1.0)]  # fmt: skip
+    # the heavy ones by chains long enough for a batch norm, its activation and a convolution
+    chains = [s["recompute_ops"] for s in space.starts()[-8:]]
+    assert chains == [PlanParams().recompute_ops] * 6 + [RECOMPUTE_MAX_OPS] * 2
     assert first.user_attrs["plan_params"] == PlanParams().to_dict() | {
         "ub": Space.of(engine).levels
     }
