@@ -11,6 +11,7 @@ for a graph that lacks one of their ops).
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -399,7 +400,7 @@ class Engine:
             result = self._simulate(plan, link, timed, allocator)
             if result.peak_bytes < best[2].peak_bytes:
                 best = (keep, plan, result)
-        if best[0] and timed and best[2].peak_bytes <= params.recompute_limit:
+        if best[0] and best[2].time is not None and best[2].peak_bytes <= params.recompute_limit:
             return self._released(params, *best, link, allocator)
         return best[1], best[2]
 
@@ -420,13 +421,13 @@ class Engine:
         for name in tried[:GUARD_RELEASES]:
             trial = self._plan(params, keep - {name}, link)
             got = self._simulate(trial, link, True, allocator)
-            if got.peak_bytes <= params.recompute_limit and _faster(got, result):
+            if got.peak_bytes <= params.recompute_limit and _seconds(got) < _seconds(result):
                 keep, plan, result = keep - {name}, trial, got
         return plan, result
 
 
-def _faster(a: PlanResult, b: PlanResult) -> bool:
-    return (a.time.step_seconds if a.time else 0.0) < (b.time.step_seconds if b.time else 0.0)
+def _seconds(result: PlanResult) -> float:
+    return result.time.step_seconds if result.time else math.inf
 
 
 def _at_peak(graph: Graph, plan: SwapPlan, result: PlanResult) -> frozenset[str]:
