@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
+from rewriter.names import copy_name, is_swap_in, swap_in_name, swap_out_name
 from simulator import (
     Graph,
     GraphError,
@@ -205,12 +206,7 @@ def _canonical(name: str) -> str:
 
 def _triggers(after: dict[str, list[Any]]) -> dict[str, str]:
     """Each swap-in op's name with the name of its trigger, the op it follows in `after`."""
-    return {
-        op.name: trigger
-        for trigger, ops in after.items()
-        for op in ops
-        if op.name.startswith("swap_in/")
-    }
+    return {op.name: trigger for trigger, ops in after.items() for op in ops if is_swap_in(op.name)}
 
 
 def _insert_swaps(
@@ -224,10 +220,9 @@ def _insert_swaps(
     after: dict[str, list[Any]] = {}
     for swap in plan.swaps:
         tensor = g.get_tensor_by_name(swap.tensor)
-        base = swap.tensor.replace(":", "_")
         forward = [op for op in tensor.consumers() if op.name not in swap.rerouted]
         with _on(host_device if mode == "device" else None):
-            stored = _swap_out(tensor, mode, len(swap.swap_ins), f"swap_out/{base}")
+            stored = _swap_out(tensor, mode, len(swap.swap_ins), swap_out_name(swap.tensor))
         after.setdefault(tensor.op.name, []).append(_keep(stored))
         waiters = [g.get_operation_by_name(swap.waiter)] if swap.waiter else forward
         for reader in waiters if swap.sync else ():
@@ -238,7 +233,7 @@ def _insert_swaps(
             # swap-in has run after its trigger (a device-side swap-in's receive would start
             # the copy as soon as the swap-out is sent, see docs/gpu.md)
             with _on(host_device if mode == "device" else None), tf.control_dependencies([trigger]):
-                back = _swap_in(stored, tensor, mode, f"swap_in/{base}/{k}")
+                back = _swap_in(stored, tensor, mode, swap_in_name(swap.tensor, k))
             after.setdefault(trigger.name, []).append(_keep(back))
             copies[(swap.tensor, k)] = back
             for reader in swap_in.consumers:
@@ -262,7 +257,7 @@ def _insert_recomputes(
         for name in rc.ops:
             original = g.get_operation_by_name(name)
             inputs = [made.get(t.name, t) for t in original.inputs]
-            copy = _copy_op(g, original, inputs, f"recompute/{k}/{name}")
+            copy = _copy_op(g, original, inputs, copy_name(name, k))
             copy._add_control_input(trigger)  # (no Pow: not RECOMPUTABLE, see `_wait`)
             made.update(zip((t.name for t in original.outputs), copy.outputs))
             after.setdefault(rc.trigger, []).append(_keep(copy.outputs[0]))

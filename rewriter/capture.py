@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
+from rewriter.names import is_host_copy, is_swap_op
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
 from simulator.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
@@ -162,7 +163,7 @@ def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]]) -> Tensor:
     kind, nbytes = kinds.get(t.name, (None, None))
     if kind is None:
         kind = TensorKind.CONSTANT if t.op.type == "Const" else TensorKind.TRANSIENT
-    if _is_host_copy(t.op.name):
+    if is_host_copy(t.op.name):
         kind = TensorKind.HOST
     if t.dtype.name in ("resource", "variant"):
         if kind is not TensorKind.VARIABLE:
@@ -213,19 +214,9 @@ def _broadcast_reduction(shapes: list[list[int]]) -> tuple[list[int], list[int]]
     return [i for i in range(rank) if x[i] == 1], [i for i in range(rank) if y[i] == 1]
 
 
-def _is_swap_op(name: str) -> bool:
-    return name.startswith(("swap_out/", "swap_in/"))
-
-
-def _is_host_copy(name: str) -> bool:
-    """Outputs of a rewritten graph's swap-outs (and emulated fetches) live on the host."""
-    fetched = name.startswith("swap_in/") and name.endswith(("/fetch", "/fetch/shape"))
-    return name.startswith("swap_out/") or fetched
-
-
 def _op(tf_op: Any) -> Op:
     n_in, n_out = len(tf_op.inputs), len(tf_op.outputs)
-    swap = _is_swap_op(tf_op.name)  # copies between host and device: never aliases
+    swap = is_swap_op(tf_op.name)  # copies between host and device: never aliases
     return Op(
         name=tf_op.name,
         type=tf_op.type,

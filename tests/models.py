@@ -16,3 +16,26 @@ def bn_cnn(side: int = 16):  # type: ignore[no-untyped-def]
     out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01, momentum=0.9))
+
+
+def residual_bn_cnn(side: int = 16):  # type: ignore[no-untyped-def]
+    """A stem and two residual blocks of convolution, batch norm and ReLU, as in ResNet: the
+    gradient of a block's output is held for its shortcut while the block's batch norms make
+    their input gradients, so those can be made again from it late in the backward pass."""
+    import keras
+    from keras import layers
+
+    from autotune.zoo import ZooModel
+
+    def unit(x, relu: bool = True):  # type: ignore[no-untyped-def]
+        x = layers.BatchNormalization()(layers.Conv2D(8, 3, padding="same")(x))
+        return layers.ReLU()(x) if relu else x
+
+    keras.utils.set_random_seed(3)
+    x = inp = keras.Input((side, side, 3))
+    x = unit(x)
+    for _ in range(2):
+        x = layers.ReLU()(layers.Add()([unit(unit(x), relu=False), x]))
+    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01, momentum=0.9))

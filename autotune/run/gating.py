@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rewriter.apply import TunedStep
+from rewriter.names import is_swap_op
 
 __all__ = ["Gate", "GatingReport", "check_gating", "executed_partitions"]
 
@@ -158,7 +159,7 @@ class _Executed:
                 ins = [_op(i) for i in node.input]
                 if node.op == "_Recv" and _key(node) in self.sends:
                     ins.append(self.sends[_key(node)].name)
-            elif node.name.startswith(_SWAP_PREFIXES):
+            elif is_swap_op(node.name):
                 ins = _controls(node)
             else:
                 found.append(node.name)
@@ -199,9 +200,6 @@ def _timed(gates: list[Gate], graph: _Executed, events: list[tuple[int, str, flo
 
 #: Names that graph partitioning gives the ops it adds (`x/_12`, `x/ctrl/_11`).
 _HELPER = re.compile(r"/_\d+$")
-
-
-_SWAP_PREFIXES = ("swap_in/", "swap_out/")
 
 
 def _controls(node: Any) -> list[str]:

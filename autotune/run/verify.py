@@ -18,6 +18,7 @@ from typing import Any
 from autotune.run.gating import GatingReport, check_gating, executed_partitions
 from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
+from rewriter.names import recompute_chain
 from simulator import BFCModel, Graph, SimResult, SwapPlan, compile_program, simulate_plan
 from simulator.derive import PlanParams
 
@@ -246,17 +247,11 @@ def _swap_op_devices(tuned: TunedStep, partitions: list[Any]) -> dict[str, str]:
     wanted = set(tuned.swap_ops)
     nodes = {n.name: n for pg in partitions for n in pg.node if n.name in wanted}
     out = {name: n.device for name, n in nodes.items()}
-    fused = {_chain(name): n.device for name, n in nodes.items() if n.op.startswith("_")}
+    fused = {recompute_chain(name): n.device for name, n in nodes.items() if n.op.startswith("_")}
     for name in wanted - out.keys():
-        if _chain(name) in fused:
-            out[name] = fused[_chain(name)]
+        if recompute_chain(name) in fused:
+            out[name] = fused[recompute_chain(name)]
     return out
-
-
-def _chain(name: str) -> str:
-    """The `recompute/K/` prefix of a recompute copy's name ('' for a swap op)."""
-    parts = name.split("/", 2)
-    return "/".join(parts[:2]) + "/" if parts[0] == "recompute" and len(parts) == 3 else ""
 
 
 def use_two_cpus() -> None:

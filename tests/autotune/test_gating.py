@@ -65,7 +65,7 @@ def body(x, wrong=False):
         with tf.device("/device:CPU:1"):
             out = tf.identity(y, name="swap_out/produce_0")
         with tf.device("/device:CPU:0"), tf.control_dependencies([s]):
-            y = tf.identity(out, name="swap_in/produce_0/0")
+            y = tf.identity(out, name="produce/swap_in_0_0")
         for t in (out, y):
             t.op._set_attr("_grappler_do_not_remove", tf.compat.v1.AttrValue(b=True))
     return tf.reduce_sum(tf.math.multiply(y, s, name="reader"), name="out")

@@ -11,6 +11,7 @@ from autotune.run.gating import executed_partitions  # noqa: E402
 from autotune.run.measure import example_tensors  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
 from rewriter.apply import apply_plan  # noqa: E402
+from rewriter.names import copy_name  # noqa: E402
 from simulator import compile_program, simulate_memory, simulate_plan  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
@@ -60,7 +61,7 @@ def test_the_copies_survive_grappler_and_wait_for_their_triggers(model: str) -> 
     executed = {n.name: n for pg in parts for n in pg.node}
     for k, rc in enumerate(plan.recomputes):
         for op in rc.ops:
-            name = f"recompute/{k}/{op}"
+            name = copy_name(op, k)
             assert name in executed  # neither removed nor merged back into the original
             # Grappler drops a control edge another path makes redundant: the trigger must
             # still be among what the copy waits for
@@ -76,7 +77,7 @@ def test_the_recaptured_pinned_rewrite_simulates_exactly_like_the_plan(model: st
     again = simulate_memory(compile_program(tuned.recapture()))
     assert again.peak_bytes == planned.peak_bytes
     names = set(tuned.recapture().ops)
-    assert all(f"recompute/{k}/{rc.ops[-1]}" in names for k, rc in enumerate(plan.recomputes))
+    assert all(copy_name(rc.ops[-1], k) in names for k, rc in enumerate(plan.recomputes))
 
 
 @pytest.mark.parametrize("mode", ["emulated", "device"])
@@ -142,8 +143,8 @@ def test_recomputed_convolutions_and_matmuls_train_bitwise_and_survive_grappler(
         for op, after in zip(rc.ops, (*rc.ops[1:], "")):
             # each copy runs, not merged back into its original by Grappler; a convolution's
             # copy may run fused with the copy of its bias add (oneDNN's remapper)
-            fused = executed.get(f"recompute/{k}/{after}", "").startswith("_")
-            assert f"recompute/{k}/{op}" in executed or fused, (op, after)
+            fused = executed.get(copy_name(after, k), "").startswith("_")
+            assert copy_name(op, k) in executed or fused, (op, after)
     cap_a.concrete_function(*inputs)  # a step each before comparing, as executed_partitions ran one
     assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
     assert_same_state(a, b)
