@@ -17,7 +17,11 @@ reader; the rest are swapped as above. A chain input that is swapped is read fro
 that serves its first reader after the recompute, then triggered no later than it. With
 `recompute_heavy` (and a cost model and link, `RecomputePrice`), chains may also re-run
 convolutions and matrix products (`opsemantics.RECOMPUTABLE_HEAVY`), where they cost at most
-that share of the transfer time that recomputing instead of swapping saves.
+that share of the transfer time that recomputing instead of swapping saves. With
+`backward_swaps`, a backward tensor the plan would swap is recomputed the same way where its
+chain needs no backward op but its own: a batch norm's input gradient, made again from the
+output gradient that a residual block holds for its shortcut (`_Hold`: what such a chain may
+hold past its last reader).
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ RECOMPUTE_SMALLEST = 64
 #: are held (ResNet-50 at batch 1144, v100-16gb-nvlink2: the least-memory plan with gaps of 2
 #: levels peaked at 17.94 GiB, with 4 at 14.52 GiB)
 BACKWARD_GAP = 4
+#: a backward tensor's chain may hold an input no larger than it past the input's last reader
+#: when that reader runs within this many steps of the tensor's producer (`_Hold`): ResNet-50
+#: at batch 1147 on v100-16gb-pcie3, the plan of results/ at e0ba7f2 (`sync_lag` 2), makes the
+#: two input gradients of the first conv3 block's batch norms again from their output gradient,
+#: read 1 and 3 steps after them, where 0 steps made neither: 2.674x to 2.602x
+HOLD_STEPS = 4
 #: op types never used as a swap-in trigger
 NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
@@ -279,7 +289,7 @@ def derive_plan(
     tensors in `keep` are never recomputed (they are swapped, or kept, as without recomputes);
     with `backward_swaps`, of the backward pass's tensors only those in `late` are swapped
     (None: all); heavy ops are recomputed only with a `price` to weigh them."""
-    recomputes = _recomputes(ctx, params, keep, price)
+    recomputes = _recomputes(ctx, params, keep, price, late)
     made = {r.tensor for r in recomputes}
     swaps: list[Swap] = []
     for cand in ctx.candidates:
@@ -363,7 +373,11 @@ def _from_swap_ins(
 
 
 def _recomputes(
-    ctx: PlanContext, params: PlanParams, keep: frozenset[str], price: RecomputePrice | None
+    ctx: PlanContext,
+    params: PlanParams,
+    keep: frozenset[str],
+    price: RecomputePrice | None,
+    late: frozenset[str] | None,
 ) -> list[Recompute]:
     """With `recompute="cheap"`, a recompute for every candidate a chain of cheap ops can make
     again (see the module's docstring); a tensor a chain reads (kept on the device, or read
@@ -379,15 +393,21 @@ def _recomputes(
     }
     floor = max(sizes.values()) // RECOMPUTE_SMALLEST
     for cand in ctx.candidates:
-        if cand.made_in_backward:
-            break  # they come last; only forward tensors are recomputed
-        if cand.tensor in held or sizes[cand.tensor] < floor or cand.tensor in keep:
+        if cand.made_in_backward and not _swapped_late(cand, params, late):
+            continue
+        nbytes = ctx.graph.tensors[cand.tensor].nbytes
+        if cand.tensor in held or nbytes < floor or cand.tensor in keep:
             continue  # read where it is by a chain made earlier, too small to matter, or kept
         found = _recompute(ctx, cand, params, {r.tensor for r in out}, price)
         if found is not None:
             out.append(found[0])
             held |= found[1]
     return out
+
+
+def _swapped_late(cand: _Candidate, params: PlanParams, late: frozenset[str] | None) -> bool:
+    """Whether the plan would swap `cand`, a tensor the backward pass makes."""
+    return params.backward_swaps and (late is None or cand.tensor in late)
 
 
 def _recompute(
@@ -428,15 +448,41 @@ def _recompute_group(
     at = ctx.order.position[trigger]
     heavy = price is not None and params.recompute_heavy > 0
     kinds = RECOMPUTABLE | RECOMPUTABLE_HEAVY if heavy else RECOMPUTABLE
-    chain = _chain(ctx, cand.producer, at, params.recompute_ops, recomputed, kinds)
+    nbytes = ctx.graph.tensors[cand.tensor].nbytes
+    hold = _Hold.of(ctx, cand, nbytes)
+    chain = _chain(ctx, cand.producer, at, params.recompute_ops, recomputed, kinds, hold)
     if chain is None:
         return None
     ops, reads = chain
-    nbytes = ctx.graph.tensors[cand.tensor].nbytes
     costly = any(ctx.graph.ops[o].type in RECOMPUTABLE_HEAVY for o in ops)
     if costly and not (price and price.worth(ops, nbytes, params.recompute_heavy)):
         return None
     return ops, at, reads
+
+
+@dataclass(frozen=True)
+class _Hold:
+    """Which tensors dead by its trigger a chain may hold until then: none for a forward
+    tensor's; for a backward tensor's (`made` bytes, by the op at step `step`), one under
+    1/RECOMPUTE_SMALLEST of it (a batch norm's scale, say), or one no larger whose last reader
+    runs within HOLD_STEPS of `step` (the gradient that a batch norm's input gradient is
+    made from): held instead of the tensor made, it holds no more bytes for about as long."""
+
+    made: int = 0
+    step: int = -1
+
+    @classmethod
+    def of(cls, ctx: PlanContext, cand: _Candidate, nbytes: int) -> _Hold:
+        if not cand.made_in_backward:
+            return cls()
+        return cls(nbytes, ctx.order.position[cand.producer])
+
+    def holds(self, nbytes: int, last_read: int) -> bool:
+        if not self.made:
+            return False
+        small = nbytes * RECOMPUTE_SMALLEST <= self.made
+        beside = self.step <= last_read <= self.step + HOLD_STEPS
+        return small or (nbytes <= self.made and beside)
 
 
 def _chain(
@@ -446,9 +492,11 @@ def _chain(
     budget: int,
     recomputed: set[str],
     kinds: frozenset[str],
+    hold: _Hold,
 ) -> tuple[tuple[str, ...], set[str]] | None:
     """The ops, in order, that make `producer`'s output again at step `at` (at most `budget`
-    of them, of the op types `kinds`) and the tensors they read, or None."""
+    of them, of the op types `kinds`) and the tensors they read (live then, or held until
+    then as `hold` allows), or None."""
     graph = ctx.graph
     op = graph.ops[producer]
     if op.type not in kinds or len(op.outputs) != 1 or producer in ctx.unswappable:
@@ -457,14 +505,15 @@ def _chain(
     reads: set[str] = set()
     for name in dict.fromkeys(op.inputs):
         t = graph.tensors[name]
-        live = ctx.last_read[name] >= at and name not in recomputed
+        last = ctx.last_read[name]
+        live = (last >= at or hold.holds(t.nbytes, last)) and name not in recomputed
         held = not graph.tensors[graph.buffer_root(name)].kind.on_device  # a variable's, say
         if not t.kind.on_device or held or live:
             reads.add(name)
             continue
         if budget <= 1 + len(ops) or t.producer in ctx.backward:
             return None
-        inner = _chain(ctx, t.producer, at, budget - 1 - len(ops), recomputed, kinds)
+        inner = _chain(ctx, t.producer, at, budget - 1 - len(ops), recomputed, kinds, hold)
         if inner is None:
             return None
         ops += [o for o in inner[0] if o not in ops]

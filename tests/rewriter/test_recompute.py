@@ -1,6 +1,8 @@
 """Recompute in the real graph: copies of the ops that wait for their trigger, kept by
 Grappler, training bitwise like the original, simulated as planned."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from simulator import compile_program, simulate_memory, simulate_plan  # noqa: E
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
 from tests.executed import ancestors  # noqa: E402
-from tests.models import bn_cnn  # noqa: E402
+from tests.models import bn_cnn, residual_bn_cnn  # noqa: E402
 from tests.twins import assert_same_state  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -29,6 +31,11 @@ def _captured(model: str):  # type: ignore[no-untyped-def]
     sizes, batch = CASES[model]
     built = bn_cnn() if model == "bn-cnn" else get_entry(model).build(seed=3, **sizes)
     return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch)
+
+
+def _residual():  # type: ignore[no-untyped-def]
+    built = residual_bn_cnn()
+    return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=8)
 
 
 def _plan(cap, **params):  # type: ignore[no-untyped-def]
@@ -148,3 +155,40 @@ def test_recomputed_convolutions_and_matmuls_train_bitwise_and_survive_grappler(
     cap_a.concrete_function(*inputs)  # a step each before comparing, as executed_partitions ran one
     assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
     assert_same_state(a, b)
+
+
+@pytest.mark.parametrize(("mode", "n_tensors"), [("emulated", 0), ("device", 0), ("emulated", -1)])
+def test_backward_recomputes_train_bitwise_and_wait_for_their_triggers(
+    mode: str, n_tensors: int
+) -> None:
+    """The gradient of a residual block's output, held for the shortcut, makes its batch
+    norms' input gradients again where they are summed (a backward tensor recomputed). With
+    swaps, tensors under 1 KiB that no chain reads stay: a swapped gamma gradient rounds
+    differently (tests/rewriter/test_apply.py, the batch norms' sums)."""
+    (a, cap_a), (b, cap_b) = _residual(), _residual()
+    plan = _plan(cap_b, n_tensors=n_tensors, backward_swaps=True)
+    read = {name for rc in plan.recomputes for name, _ in rc.sources}
+    plan = replace(plan, swaps=tuple(s for s in plan.swaps if s.nbytes >= 1024 or s.tensor in read))
+    late = [k for k, rc in enumerate(plan.recomputes) if rc.tensor.startswith("gradient_tape/")]
+    assert late
+    devices = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
+    tuned = apply_plan(cap_b, plan, mode=mode, **(devices if mode == "device" else {}))
+    inputs = example_tensors(cap_a.specs, seed=7)
+    parts = executed_partitions(tuned, *inputs)
+    executed = {n.name: n for pg in parts for n in pg.node}
+    for k in late:
+        for op in plan.recomputes[k].ops:
+            name = copy_name(op, k)
+            assert name in executed and plan.recomputes[k].trigger in ancestors(executed, name)
+    cap_a.concrete_function(*inputs)  # a step each before comparing, as executed_partitions ran one
+    assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
+    assert_same_state(a, b)
+
+
+def test_backward_recomputes_simulate_like_the_recaptured_pinned_rewrite() -> None:
+    _, cap = _residual()
+    plan = _plan(cap, n_tensors=0, backward_swaps=True)
+    tuned = apply_plan(cap, plan, pin_order=True)
+    planned = simulate_plan(compile_program(cap.graph), cap.graph, plan).memory
+    again = simulate_memory(compile_program(tuned.recapture()))
+    assert again.peak_bytes == planned.peak_bytes

@@ -310,3 +310,78 @@ def test_a_chain_reads_the_swap_in_that_serves_the_next_reader_of_its_source() -
     result = simulate_plan(compile_program(g, ctx.order), g, plan).memory
     made = {e.tensor for e in result.trace if e.kind is EventKind.RECOMPUTE}
     assert "relu:0@re" in made
+
+
+def _bn_backward(scale_bytes: int, scale_type: str, skip: bool = True) -> Graph:
+    """A batch norm's input gradient in the backward pass: m = Mul(seed, s) waits for b1..b4
+    to be summed with them; the output gradient `seed` is read again after the sum (with
+    `skip`: a residual's other branch), and the per-channel scale `s` last by m."""
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4 * MIB, type="Conv2D")
+    s = add(g, "s", x, scale_bytes, type=scale_type)
+    seed = add(g, "gradient_tape/seed", add(g, "f", a + s, 256), 4 * MIB)
+    m = add(g, "gradient_tape/m", seed + s, 4 * MIB, type="Mul")
+    b = add(g, "gradient_tape/b1", seed, 2 * MIB)
+    for k in range(2, 5):
+        b = add(g, f"gradient_tape/b{k}", b, 2 * MIB)
+    total = add(g, "gradient_tape/sum", m + b + a, 4 * MIB, type="AddN")
+    g.mark_outputs(add(g, "gradient_tape/skip", total + (seed if skip else []), 256))
+    return g
+
+
+def test_a_backward_tensor_is_made_again_from_what_the_backward_pass_holds() -> None:
+    g = _bn_backward(256, "Rsqrt")
+    ctx = PlanContext.build(g)
+    params = PlanParams(ub=1, recompute="cheap", backward_swaps=True)
+    plan = derive_plan(ctx, params)
+    check_plan(g, ctx.order, plan)
+    # made again from seed (held anyway) and the 256-byte scale: the scale is swapped, and its
+    # copy held past its last reader, m, to the trigger
+    rc = next(r for r in plan.recomputes if r.tensor == "gradient_tape/m:0")
+    assert (rc.ops, rc.consumers) == (("gradient_tape/m",), ("gradient_tape/sum",))
+    assert rc.sources == (("s:0", 0),)
+    assert "gradient_tape/m:0" not in {s.tensor for s in plan.swaps}
+    swapped = derive_plan(ctx, replace(params, recompute="none"))
+    assert "gradient_tape/m:0" in {s.tensor for s in swapped.swaps}
+    # the backward pass's tensors are left alone unless the plan may touch them
+    forward_only = derive_plan(ctx, replace(params, backward_swaps=False))
+    assert all(not r.tensor.startswith("gradient_tape/") for r in forward_only.recomputes)
+    timeline = Timeline.build(ctx.order, {n: 1e-3 for n in g.ops})
+    link = Link(1 << 30, 1 << 30)
+    program = compile_program(g, ctx.order)
+    made = simulate_plan(program, g, plan, timeline=timeline, link=link)
+    moved = simulate_plan(program, g, swapped, timeline=timeline, link=link)
+    assert made.memory.live_peak_bytes <= moved.memory.live_peak_bytes
+    assert made.time is not None and moved.time is not None
+    assert made.time.step_seconds < moved.time.step_seconds
+    events = {e.tensor for e in made.memory.trace if e.kind is EventKind.RECOMPUTE}
+    assert "gradient_tape/m:0@re" in events
+
+
+def test_a_backward_chain_holds_an_input_read_last_beside_the_tensor_it_makes() -> None:
+    """Without the shortcut, seed's last reader runs just after m is made: m is made again
+    from seed held until then, no larger than m, where swapping m held both for a while."""
+    g = _bn_backward(256, "Rsqrt", skip=False)
+    ctx = PlanContext.build(g)
+    params = PlanParams(ub=1, recompute="cheap", backward_swaps=True)
+    plan = derive_plan(ctx, params)
+    check_plan(g, ctx.order, plan)
+    (rc,) = [r for r in plan.recomputes if r.tensor == "gradient_tape/m:0"]
+    assert rc.reads(g) == {"gradient_tape/seed:0", "s:0"}
+    swapped = derive_plan(ctx, replace(params, recompute="none"))
+    program = compile_program(g, ctx.order)
+    held = simulate_plan(program, g, plan).memory
+    moved = simulate_plan(program, g, swapped).memory
+    assert held.live_peak_bytes <= moved.live_peak_bytes
+
+
+@pytest.mark.parametrize("nbytes", [8 * MIB, 5 * MIB])
+def test_a_backward_chain_does_not_hold_a_larger_tensor_past_its_last_reader(
+    nbytes: int,
+) -> None:
+    g = _bn_backward(nbytes, "Conv2D")  # s: larger than m (4 MiB), made by a convolution
+    ctx = PlanContext.build(g)
+    plan = derive_plan(ctx, PlanParams(ub=1, recompute="cheap", backward_swaps=True))
+    assert "gradient_tape/m:0" not in {r.tensor for r in plan.recomputes}
+    assert "gradient_tape/m:0" in {s.tensor for s in plan.swaps}
