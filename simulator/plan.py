@@ -98,6 +98,19 @@ class SwapPlan:
         """Bytes copied to the host per step."""
         return sum(s.nbytes for s in self.swaps)
 
+    def first_reads(self, pos: dict[str, int]) -> dict[tuple[str, int], int]:
+        """The step at which each swap-in (tensor, k) is first read: by an op it serves, or
+        by a recompute's chain, which runs right after the recompute's trigger."""
+        out = {
+            (s.tensor, k): min(pos[c] for c in x.consumers)
+            for s in self.swaps
+            for k, x in enumerate(s.swap_ins)
+        }
+        for rc in self.recomputes:
+            for source in rc.sources:
+                out[source] = min(out[source], pos[rc.trigger] + 1)
+        return out
+
     @property
     def recomputed_bytes(self) -> int:
         """Bytes of the tensors made again in the backward pass per step."""

@@ -74,10 +74,11 @@ def prefetch(
     `backward` its ops."""
     order = timeline.order
     pos = order.position
+    reads = plan.first_reads(pos)
     items = sorted(
-        (min(pos[c] for c in s.consumers), i, k)
+        (reads[swap.tensor, k], i, k)
         for i, swap in enumerate(plan.swaps)
-        for k, s in enumerate(swap.swap_ins)
+        for k in range(len(swap.swap_ins))
     )
     latest = _latest_starts(timeline, plan, items, link)
     room = live.astype(np.int64)

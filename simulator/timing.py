@@ -184,8 +184,7 @@ def _swap_steps(graph: Graph, order: Order, plan: SwapPlan) -> _Steps:
             for c in dict.fromkeys(graph.tensors[swap.tensor].consumers):
                 if c not in rerouted:
                     waits.setdefault(pos[c], []).append((swap.tensor, -1))
-    needed = {(s.tensor, k): min(pos[c] for c in x.consumers) for s in plan.swaps
-              for k, x in enumerate(s.swap_ins)}  # fmt: skip
+    needed = plan.first_reads(pos)
     for queue in ins.values():  # copies one trigger starts go in the order they are needed
         queue.sort(key=lambda q: needed[q[0], q[1]])
     return outs, ins, waits

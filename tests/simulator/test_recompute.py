@@ -385,3 +385,44 @@ def test_a_backward_chain_does_not_hold_a_larger_tensor_past_its_last_reader(
     plan = derive_plan(ctx, PlanParams(ub=1, recompute="cheap", backward_swaps=True))
     assert "gradient_tape/m:0" not in {r.tensor for r in plan.recomputes}
     assert "gradient_tape/m:0" in {s.tensor for s in plan.swaps}
+
+
+def test_a_chain_source_is_copied_before_the_copies_needed_after_the_chain() -> None:
+    """b0 triggers two swap-ins: c for b2, and a for b3 and for relu's chain right after b0.
+    a goes first: the chain needs it before b2 needs c."""
+    g = Graph()
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4 * MIB, type="Conv2D")
+    c = add(g, "c", x, 4 * MIB, type="Conv2D")
+    r = add(g, "relu", a, 4 * MIB, type="Relu")
+    seed = add(g, "gradient_tape/seed", add(g, "f", r + c, 256), 256)
+    b0 = add(g, "gradient_tape/b0", seed, 256)
+    b1 = add(g, "gradient_tape/b1", b0 + r, 256)
+    b2 = add(g, "gradient_tape/b2", b1 + c, 256)
+    g.mark_outputs(add(g, "gradient_tape/b3", b2 + a, 256))
+    b = "gradient_tape/"
+    plan = SwapPlan(
+        (
+            Swap("a:0", 4 * MIB, (SwapIn(b + "b0", (b + "b3",)),)),
+            Swap("c:0", 4 * MIB, (SwapIn(b + "b0", (b + "b2",)),)),
+        ),
+        recomputes=(Recompute("relu:0", 4 * MIB, ("relu",), b + "b0", (b + "b1",), (("a:0", 0),)),),
+    )
+    order = PlanContext.build(g).order
+    check_plan(g, order, plan)
+    assert plan.first_reads(order.position) == {
+        ("a:0", 0): order.position[b + "b0"] + 1,
+        ("c:0", 0): order.position[b + "b2"],
+    }
+    timeline = Timeline.build(order, {n: 1e-3 for n in g.ops})
+    link = Link(1 << 30, 1 << 30)  # a 4 MiB copy: 3.9 ms
+    result = simulate_plan(compile_program(g, order), g, plan, timeline=timeline, link=link)
+    assert result.time is not None
+    copies = [t for t in result.time.transfers if t.direction == "h2d"]
+    assert [t.tensor for t in copies] == ["a:0", "c:0"]
+    # the chain waits for one copy (then runs 1 ms), and b2 for the second, which comes in
+    # while the chain and b1 run: two copies less b1's 1 ms, where c first made the chain
+    # wait for both and then run (two copies and 1 ms)
+    copy = 4 * MIB / (1 << 30)
+    extra = result.time.step_seconds - timeline.baseline_seconds
+    assert extra == pytest.approx(2 * copy - 1e-3, rel=1e-6)
