@@ -386,12 +386,8 @@ def _recomputes(
     held: set[str] = set()
     if params.recompute == "none" or not ctx.candidates:
         return out
-    sizes = {
-        c.tensor: ctx.graph.tensors[c.tensor].nbytes
-        for c in ctx.candidates
-        if not c.made_in_backward
-    }
-    floor = max(sizes.values()) // RECOMPUTE_SMALLEST
+    sizes = [ctx.graph.tensors[c.tensor].nbytes for c in ctx.candidates if not c.made_in_backward]
+    floor = max(sizes, default=0) // RECOMPUTE_SMALLEST
     for cand in ctx.candidates:
         if cand.made_in_backward and not _swapped_late(cand, params, late):
             continue
