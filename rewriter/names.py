@@ -15,6 +15,7 @@ __all__ = [
     "is_host_copy",
     "is_swap_in",
     "is_swap_op",
+    "is_swap_out",
     "recompute_chain",
     "swap_in_name",
     "swap_out_name",
@@ -42,19 +43,24 @@ def copy_name(op: str, k: int) -> str:
     return f"{op}/{_RECOMPUTE}{k}"
 
 
+def is_swap_out(name: str) -> bool:
+    """A swap-out (or a helper that graph partitioning names after one)."""
+    return name.startswith(_SWAP_OUT)
+
+
 def is_swap_op(name: str) -> bool:
     """A swap-out, a swap-in, or a part of an emulated swap-in."""
-    return name.startswith(_SWAP_OUT) or bool(_SWAP_IN.search(name))
+    return is_swap_out(name) or bool(_SWAP_IN.search(name))
 
 
 def is_host_copy(name: str) -> bool:
     """Outputs of a rewritten graph's swap-outs (and emulated fetches) live on the host."""
-    return name.startswith(_SWAP_OUT) or (name.endswith(_FETCH) and is_swap_op(name))
+    return is_swap_out(name) or (name.endswith(_FETCH) and is_swap_op(name))
 
 
 def is_swap_in(name: str) -> bool:
     """The op a swap-in's readers read (not a part of an emulated one)."""
-    return is_swap_op(name) and not name.startswith(_SWAP_OUT) and not name.endswith(_FETCH)
+    return is_swap_op(name) and not is_swap_out(name) and not name.endswith(_FETCH)
 
 
 def recompute_chain(name: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rewriter.apply import TunedStep
-from rewriter.names import is_swap_op
+from rewriter.names import is_swap_op, is_swap_out
 
 __all__ = ["Gate", "GatingReport", "check_gating", "executed_partitions"]
 
@@ -173,7 +173,7 @@ class _Executed:
         (a swap-out's output itself, not a control edge's helper named after it)."""
         for n in self.sends.values():
             source = _op(n.input[0]) if n.input else ""
-            swapped = source.startswith("swap_out/") and not _HELPER.search(source)
+            swapped = is_swap_out(source) and not _HELPER.search(source)
             if swapped and _same_device(n.device, host):
                 yield source
 
