@@ -188,6 +188,7 @@ def test_backward_recomputes_train_bitwise_and_wait_for_their_triggers(
 def test_backward_recomputes_simulate_like_the_recaptured_pinned_rewrite() -> None:
     _, cap = _residual()
     plan = _plan(cap, n_tensors=0, backward_swaps=True)
+    assert any(rc.tensor.startswith("gradient_tape/") for rc in plan.recomputes)
     tuned = apply_plan(cap, plan, pin_order=True)
     planned = simulate_plan(compile_program(cap.graph), cap.graph, plan).memory
     again = simulate_memory(compile_program(tuned.recapture()))
