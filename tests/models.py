@@ -39,3 +39,11 @@ def residual_bn_cnn(side: int = 16):  # type: ignore[no-untyped-def]
     out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01, momentum=0.9))
+
+
+def captured_residual_bn_cnn(batch: int = 8):  # type: ignore[no-untyped-def]
+    """`residual_bn_cnn` and its captured training step."""
+    from autotune.api import capture
+
+    built = residual_bn_cnn()
+    return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch)

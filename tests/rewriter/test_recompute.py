@@ -18,7 +18,7 @@ from simulator import compile_program, simulate_memory, simulate_plan  # noqa: E
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
 from tests.executed import ancestors  # noqa: E402
-from tests.models import bn_cnn, residual_bn_cnn  # noqa: E402
+from tests.models import bn_cnn, captured_residual_bn_cnn  # noqa: E402
 from tests.twins import assert_same_state  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -31,11 +31,6 @@ def _captured(model: str):  # type: ignore[no-untyped-def]
     sizes, batch = CASES[model]
     built = bn_cnn() if model == "bn-cnn" else get_entry(model).build(seed=3, **sizes)
     return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch)
-
-
-def _residual():  # type: ignore[no-untyped-def]
-    built = residual_bn_cnn()
-    return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=8)
 
 
 def _plan(cap, **params):  # type: ignore[no-untyped-def]
@@ -165,7 +160,7 @@ def test_backward_recomputes_train_bitwise_and_wait_for_their_triggers(
     norms' input gradients again where they are summed (a backward tensor recomputed). With
     swaps, tensors under 1 KiB that no chain reads stay: a swapped gamma gradient rounds
     differently (tests/rewriter/test_apply.py, the batch norms' sums)."""
-    (a, cap_a), (b, cap_b) = _residual(), _residual()
+    (a, cap_a), (b, cap_b) = captured_residual_bn_cnn(), captured_residual_bn_cnn()
     plan = _plan(cap_b, n_tensors=n_tensors, backward_swaps=True)
     read = {name for rc in plan.recomputes for name, _ in rc.sources}
     plan = replace(plan, swaps=tuple(s for s in plan.swaps if s.nbytes >= 1024 or s.tensor in read))
@@ -186,7 +181,7 @@ def test_backward_recomputes_train_bitwise_and_wait_for_their_triggers(
 
 
 def test_backward_recomputes_simulate_like_the_recaptured_pinned_rewrite() -> None:
-    _, cap = _residual()
+    _, cap = captured_residual_bn_cnn()
     plan = _plan(cap, n_tensors=0, backward_swaps=True)
     assert any(rc.tensor.startswith("gradient_tape/") for rc in plan.recomputes)
     tuned = apply_plan(cap, plan, pin_order=True)
