@@ -45,6 +45,8 @@ __all__ = [
     "PlanParams",
     "RECOMPUTE_MAX_OPS",
     "RecomputePrice",
+    "backward_ops",
+    "gradient_flow",
     "check_plan",
     "derive_plan",
     "merge_overlapping",
@@ -201,6 +203,8 @@ class PlanContext:
     #: per tensor, the position of its last reader in `order` (its producer's when unread)
     last_read: dict[str, int] = field(default_factory=dict)
     unswappable: frozenset[str] = frozenset()
+    #: the ops the gradients flow through (`gradient_flow`): the backward pass's own start
+    flow: frozenset[str] = frozenset()
 
     @classmethod
     def build(
@@ -210,12 +214,13 @@ class PlanContext:
         backward_scopes: tuple[str, ...] = BACKWARD_SCOPES,
     ) -> PlanContext:
         order = order or categorized_order(graph)
-        backward = frozenset(n for n in graph.ops if _in_scopes(n, backward_scopes))
+        flow = gradient_flow(graph, backward_scopes)
+        backward = backward_ops(graph, order, flow)
         by_level: list[list[str]] = [[] for _ in range(order.n_levels)]
         for name in order.ops:
             if graph.ops[name].type not in NOT_TRIGGERS:
                 by_level[order.level[name]].append(name)
-        ctx = cls(graph, order, backward, [], by_level)
+        ctx = cls(graph, order, backward, [], by_level, flow=flow)
         ctx.unswappable = unswappable_ops(graph)
         pos = order.position
         ctx.last_read = {
@@ -231,9 +236,9 @@ class PlanContext:
         forward: list[_Candidate] = []
         backward: list[_Candidate] = []
         for producer in self.order.ops:
-            op = self.graph.ops[producer]
-            if op.forwards or producer in self.unswappable:
+            if producer in self.unswappable:
                 continue
+            op = self.graph.ops[producer]
             made_in_backward = producer in self.backward
             find = self._late_candidate if made_in_backward else self._candidate
             for name in op.outputs:
@@ -244,9 +249,9 @@ class PlanContext:
 
     def _late_candidate(self, name: str, producer: str) -> _Candidate | None:
         """A tensor of the backward pass that no op reads within `BACKWARD_GAP` levels."""
-        t = self.graph.tensors[name]
-        if t.kind is not TensorKind.TRANSIENT or t.nbytes == 0 or name in self.graph.outputs:
+        if not self._swappable(name):
             return None
+        t = self.graph.tensors[name]
         level = self.order.level
         readers = sorted(
             (level[c], c) for c in set(t.consumers) if self.graph.ops[c].type not in SHAPE_ONLY
@@ -256,9 +261,12 @@ class PlanContext:
         return _Candidate(name, producer, level[producer], tuple(readers), made_in_backward=True)
 
     def _candidate(self, name: str, producer: str) -> _Candidate | None:
-        t = self.graph.tensors[name]
-        if t.kind is not TensorKind.TRANSIENT or t.nbytes == 0 or name in self.graph.outputs:
+        """A tensor that a backward op reads: a buffer made in the forward pass, or an alias
+        of one (a forwarding op's output: a reshape of a convolution's output, say), so that
+        a buffer read only through aliases is freed by swapping them."""
+        if not self._swappable(name):
             return None
+        t = self.graph.tensors[name]
         readers = sorted(
             (self.order.level[c], c)
             for c in set(t.consumers)
@@ -268,10 +276,66 @@ class PlanContext:
             return None
         return _Candidate(name, producer, self.order.level[producer], tuple(readers))
 
+    def _swappable(self, name: str) -> bool:
+        """A transient tensor with bytes, not a step output, whose buffer (followed through
+        forwarding ops) is transient too: never an alias of a variable."""
+        t = self.graph.tensors[name]
+        root = self.graph.tensors[self.graph.buffer_root(name)]
+        transient = t.kind is TensorKind.TRANSIENT and root.kind is TensorKind.TRANSIENT
+        return transient and t.nbytes > 0 and name not in self.graph.outputs
+
     def preds(self, name: str) -> list[str]:
         if name not in self._preds:
             self._preds[name] = self.graph.predecessors(name)
         return self._preds[name]
+
+
+def gradient_flow(graph: Graph, scopes: tuple[str, ...] = BACKWARD_SCOPES) -> frozenset[str]:
+    """The ops in a gradient name scope and every op that reads, through data edges, what
+    they make: a custom gradient's ops (Keras' swish and GELU, say) are built outside the
+    tape's scope, but they read the gradients that flow into them."""
+    seen = {n for n in graph.ops if _in_scopes(n, scopes)}
+    todo = list(seen)
+    while todo:
+        for t in graph.ops[todo.pop()].outputs:
+            for c in graph.tensors[t].consumers:
+                if c not in seen:
+                    seen.add(c)
+                    todo.append(c)
+    return frozenset(seen)
+
+
+def backward_ops(graph: Graph, order: Order, flow: frozenset[str]) -> frozenset[str]:
+    """The ops of the backward pass: the gradient flow (`gradient_flow`) and the ops whose
+    outputs only it reads and that no result of the step outside the flow depends on (the
+    loss): a custom gradient's recomputation from forward tensors (swish's sigmoid, say),
+    which TensorFlow may run early but which serves the backward pass alone. A step with no
+    such result (no loss returned) gives no way to tell them from the forward pass: then the
+    flow alone."""
+    results = [graph.tensors[t].producer for t in graph.outputs]
+    forward = _ancestors(graph, [p for p in results if p not in flow])
+    out = set(flow)
+    if not forward:
+        return flow
+    for name in reversed(order.ops):
+        if name in out or name in forward or not graph.ops[name].inputs:
+            continue  # a source (a constant, a captured variable) is neither
+        readers = [c for t in graph.ops[name].outputs for c in graph.tensors[t].consumers]
+        if readers and all(c in out for c in readers):
+            out.add(name)
+    return frozenset(out)
+
+
+def _ancestors(graph: Graph, ops: list[str]) -> set[str]:
+    """`ops` and every op whose outputs they need, through data edges."""
+    seen, todo = set(ops), list(ops)
+    while todo:
+        for t in graph.ops[todo.pop()].inputs:
+            p = graph.tensors[t].producer
+            if p not in seen:
+                seen.add(p)
+                todo.append(p)
+    return seen
 
 
 def _in_scopes(name: str, scopes: tuple[str, ...]) -> bool:

@@ -49,7 +49,7 @@ from simulator.opsemantics import (
     SHAPE_ONLY,
     fused_together,
 )
-from simulator.order_edges import Edge, deferral_edges, find_order_edges, grouped
+from simulator.order_edges import Edge, deferral_edges, feeder_edges, find_order_edges, grouped
 from simulator.prefetch import postpone_waits, prefetch
 from simulator.timing import Link
 
@@ -161,7 +161,9 @@ class Engine:
         if they lower the least-memory peak (an op run later may also make a short-lived
         output at a fuller moment), then the edges `find_order_edges` finds after them."""
         together = fused_together(self.graph)
+        feeders = self.context.backward - self.context.flow
         deferred = deferral_edges(self.graph, self.order)
+        deferred += feeder_edges(self.graph, self.order, feeders)
         deferred = tuple(e for d in deferred for e in grouped(d, together))
         graph = self.graph.with_control_edges(deferred)
         if deferred:
@@ -192,14 +194,14 @@ class Engine:
     @functools.cached_property
     def _backward_readers(self) -> tuple[str, ...]:
         """The backward pass's ops that read anything."""
-        return tuple(n for n in self.context.backward if self.graph.predecessors(n))
+        return tuple(n for n in self.context.flow if self.graph.predecessors(n))
 
     @functools.cached_property
     def _backward_start(self) -> int:
         """The step of the backward pass's first op that reads a forward candidate (not only
         its shape), or else its first op that reads anything: an op of the gradient tape that
         reads only constants (ResNet-50's padding specs) runs long before the backward pass."""
-        pos, graph, backward = self.order.position, self.graph, self.context.backward
+        pos, graph, backward = self.order.position, self.graph, self.context.flow
         firsts = [
             pos[r]
             for c in self.context.candidates
