@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune import models
+from autotune import corpus, models
 from simulator.errors import UserError
 
 __all__ = ["ZOO", "ZooEntry", "ZooModel", "get_entry", "resolve_model"]
@@ -125,6 +126,46 @@ def _resnet50() -> Any:
     )
 
 
+def _app(name: str, side: int = 224) -> Callable[..., Any]:
+    return functools.partial(corpus.application, name, side=side)
+
+
+def _adam_beta98() -> Any:
+    import keras
+
+    return keras.optimizers.Adam(learning_rate=1e-4, beta_2=0.98, epsilon=1e-9)
+
+
+def _adam() -> Any:
+    import keras
+
+    return keras.optimizers.Adam(learning_rate=1e-4)
+
+
+#: Models nobody wrote for the tool (`autotune.corpus`), each with its usual optimizer.
+_CORPUS = (
+    ZooEntry("resnet50v2", "keras.applications ResNet50V2, 224x224x3, SGD momentum", _app(
+        "ResNet50V2")),
+    ZooEntry("mobilenetv2", "keras.applications MobileNetV2, 224x224x3, RMSprop",
+             _app("MobileNetV2"), optimizer=corpus.rmsprop),
+    ZooEntry("efficientnetb0", "keras.applications EfficientNetB0, 224x224x3, AdamW",
+             _app("EfficientNetB0"), optimizer=corpus.adamw),
+    ZooEntry("densenet121", "keras.applications DenseNet121, 224x224x3, SGD Nesterov",
+             _app("DenseNet121"), optimizer=corpus.sgd_nesterov),
+    ZooEntry("convnext-tiny", "keras.applications ConvNeXtTiny, 224x224x3, AdamW",
+             _app("ConvNeXtTiny"), optimizer=corpus.adamw),
+    ZooEntry("inceptionv3", "keras.applications InceptionV3, 299x299x3, RMSprop",
+             _app("InceptionV3", 299), optimizer=corpus.rmsprop),
+    ZooEntry("vit-b16", "ViT-B/16 in plain Keras, 224x224x3, exact GELU, AdamW", corpus.vit,
+             optimizer=corpus.adamw),
+    ZooEntry("bert-base", "BERT-base masked LM in plain Keras, 512 tokens, AdamW", corpus.bert,
+             optimizer=corpus.adamw),
+    ZooEntry("transformer-base", "Transformer-base encoder-decoder, 256+256 tokens, Adam",
+             corpus.encoder_decoder, optimizer=_adam_beta98),
+    ZooEntry("unet2d", "2D U-Net with batch norm (64-1024 filters), 256x256x3, Adam",
+             corpus.unet2d, optimizer=_adam),
+)  # fmt: skip
+
 ZOO: dict[str, ZooEntry] = {
     e.name: e
     for e in (
@@ -152,6 +193,7 @@ ZOO: dict[str, ZooEntry] = {
             models.gpt2,
             optimizer=models.gpt2_optimizer,
         ),
+        *_CORPUS,
         ZooEntry("tiny-cnn", "9 conv layers in 3 stages, 32x32x3, 10 classes (tests)", _tiny_cnn),
         ZooEntry(
             "tiny-unet3d",

@@ -1,0 +1,284 @@
+"""Benchmark: the tool on a corpus of models nobody wrote for it (`autotune.corpus`, the zoo).
+
+Run `python -m autotune.benchmarks.corpus [--trials 30] [--out results] [--models a,b]`. Per
+model, each in a fresh process, on `v100-16gb-nvlink2` (16 GiB, default budget):
+
+- the largest size (batch; cube edge for volumetric models) without swapping, with the tuned
+  plan (ours, `trials` trials a probe) and the lower bound's (no plan fits more);
+- at the no-swap largest size: the no-swap peak, the lower bound, and the least peak the tuner
+  reaches (a study of `trials` trials aiming below the bound: its nearest plan);
+- the predicted overhead at the tuned largest size;
+- `exact`: a small variant tuned by `autotune.fit` for a budget 30 % of the way from its
+  least-memory plan's peak to its no-swap peak, one training step of the tuned step against
+  the original twin's, every weight and optimizer variable compared bitwise (on the CPU).
+
+Writes `corpus.md` and `corpus.json` (`{"models": [...]}`). Everything but `exact` is simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.benchmarks.common import write_result
+from autotune.units import format_bytes
+
+DEVICE = "v100-16gb-nvlink2"
+#: where between its least-memory plan's peak (0) and its no-swap peak (1) the exactness
+#: check tunes the small variant for: low, so that the plan swaps and recomputes much
+EXACT_SHARE = 0.3
+
+
+@dataclass(frozen=True)
+class Member:
+    """A corpus model: its zoo name, how its size is searched, and its small variant."""
+
+    name: str
+    cube_step: int = 0  # > 0: a volumetric model, searched on its cube edge in these steps
+    capture_batches: tuple[int, int] = (4, 8)
+    small: dict[str, Any] = field(default_factory=dict)
+    small_size: int = 2  # the small variant's batch (or cube edge)
+
+    @property
+    def unit(self) -> str:
+        return "cube edge" if self.cube_step else "batch"
+
+
+_SMALL_IMAGE = {"side": 64, "classes": 10}
+_SMALL_TEXT = {"layers_": 2, "width": 64, "heads": 2}
+_TEXT = (2, 4)  # the batches a language model is captured at (its tensors are large)
+
+CORPUS = (
+    Member("resnet50v2", small=_SMALL_IMAGE),
+    Member("mobilenetv2", small=_SMALL_IMAGE),
+    Member("efficientnetb0", small=_SMALL_IMAGE),
+    Member("densenet121", small=_SMALL_IMAGE),
+    Member("convnext-tiny", small=_SMALL_IMAGE),
+    Member("inceptionv3", small={"side": 75, "classes": 10}),
+    Member("vit-b16", small={"side": 32, "patch": 8, "classes": 10, **_SMALL_TEXT}),
+    Member("bert-base", capture_batches=_TEXT, small={"seq": 32, "vocab": 100, **_SMALL_TEXT}),
+    Member("gpt2-small", capture_batches=_TEXT, small={"context": 32, "vocab": 100, **_SMALL_TEXT}),
+    Member("transformer-base", capture_batches=_TEXT, small={"source": 16, "target": 16,
+                                                             "vocab": 100, **_SMALL_TEXT}),
+    Member("unet2d", small={"side": 32, "filters": 8, "depth": 3}),
+    Member("unet3d", cube_step=8, small={"filters": (4, 8, 16, 32)}, small_size=16),
+    Member("unet3d-isensee2017", cube_step=16, small={"base_filters": 4}, small_size=16),
+)  # fmt: skip
+
+
+def member(name: str) -> Member:
+    found = [m for m in CORPUS if m.name == name]
+    if not found:
+        raise SystemExit(f"unknown corpus model {name!r}; the corpus: {', '.join(_names())}")
+    return found[0]
+
+
+def _names() -> list[str]:
+    return [m.name for m in CORPUS]
+
+
+def measure_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
+    """The simulated figures of `m` (see the module's docstring)."""
+    from autotune.search.batching import largest_batch, largest_possible, method_at
+    from autotune.search.core import Budget
+    from simulator import get_preset
+    from simulator.derive import PlanParams
+
+    preset = get_preset(DEVICE)
+    budget = Budget(preset.memory_bytes)
+    start = time.perf_counter()
+    steps = _steps(m, preset)
+    bound = largest_possible(steps, budget)
+    plain = largest_batch(steps, "no swapping", budget, trials=1, seed=seed, low=2, high=bound)
+    size = max(2, plain.batch)
+    tuned = largest_batch(steps, "ours", budget, trials=trials, seed=seed, low=size, high=bound)
+    engine = steps.engine(size)
+    no_swap = engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
+    below = Budget(engine.lower_bound, ratio=1.0)
+    least = method_at(steps, "ours", size, below, trials, seed).shown
+    scale = m.cube_step or 1
+    best = tuned.outcome.best if tuned.outcome is not None else None
+    return {
+        "name": m.name,
+        "unit": m.unit,
+        "size": size * scale,
+        "no_swap_peak_bytes": no_swap,
+        "lower_bound_bytes": engine.lower_bound,
+        "least_peak_bytes": least.peak_bytes if least is not None else None,
+        "max_batch_no_swap": plain.batch * scale,
+        "max_batch_tuned": tuned.batch * scale,
+        "max_batch_bound": bound * scale,
+        "overhead": best.overhead if best is not None else None,
+        "params": best.params.to_dict() if best is not None else None,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _steps(m: Member, preset: Any) -> Any:
+    from autotune.api import capture
+    from autotune.search.batching import CapturedSteps, StepFamily
+    from autotune.zoo import get_entry
+
+    entry = get_entry(m.name)
+    if m.cube_step:
+
+        def at_cube(k: int) -> Any:
+            zm = entry.build(cube=m.cube_step * k)
+            return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=1)
+
+        return CapturedSteps(at_cube, preset)
+    zm = entry.build()
+    return StepFamily.capture(
+        lambda b: capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b),
+        preset,
+        m.capture_batches,
+    )
+
+
+def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
+    """Tune the small variant of `m` with `autotune.fit` at EXACT_SHARE (see there)
+    and compare one training step with the original twin's, bitwise."""
+    import tempfile
+
+    import numpy as np
+
+    import autotune
+    from autotune.api import build_engine, capture
+    from autotune.run.measure import example_tensors
+    from autotune.search.core import LEAST_MEMORY_ORDERED
+    from autotune.zoo import get_entry
+    from simulator import get_preset
+    from simulator.derive import PlanParams
+
+    entry = get_entry(m.name)
+    cube = {"cube": m.small_size} if m.cube_step else {}
+    batch = 1 if m.cube_step else m.small_size
+    a, b = (entry.build(seed=3, **cube, **m.small) for _ in range(2))
+    original = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=batch)
+    engine = build_engine(original, get_preset(DEVICE))
+    peak = engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
+    least = engine.evaluate(LEAST_MEMORY_ORDERED).peak_bytes
+    budget = least + EXACT_SHARE * (peak - least)
+    with tempfile.TemporaryDirectory() as out:
+        tuned = autotune.fit(
+            b.model, loss=b.loss, optimizer=b.optimizer, batch_size=batch, device=DEVICE,
+            gpu_memory=int(budget), safety_ratio=1.0, trials=trials, seed=seed,
+            out=out,
+        )  # fmt: skip
+    inputs = example_tensors(original.specs, seed=7)
+    original.concrete_function(*inputs)
+    tuned(*inputs)
+    state_a = [*a.model.weights, *a.optimizer.variables]
+    state_b = [*b.model.weights, *b.optimizer.variables]
+    same = [np.array_equal(np.asarray(va), np.asarray(vb)) for va, vb in zip(state_a, state_b)]
+    plan = tuned.plan
+    return {
+        "exact": all(same),
+        "exact_differing": same.count(False),
+        "exact_variables": len(state_a),
+        "exact_plan": f"{len(plan.swaps)} swaps, {len(plan.recomputes)} recomputes",
+        "exact_fits": tuned.fits,
+    }
+
+
+def _one(name: str, trials: int, seed: int, exact_trials: int) -> dict[str, Any]:
+    m = member(name)
+    out = measure_member(m, trials, seed)
+    out.update(exact_member(m, exact_trials, seed))
+    return out
+
+
+def _run_fresh(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`_one` in a fresh process (captures and TensorFlow's memory do not pile up)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    cmd = [sys.executable, "-m", "autotune.benchmarks.corpus", "--one", name,
+           "--trials", str(args.trials), "--seed", str(args.seed),
+           "--exact-trials", str(args.exact_trials)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return {"name": name, "error": tail[0][:300]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else format_bytes(n)
+
+
+def _ratio(a: int | None, b: int | None) -> str:
+    return "n/a" if a is None or not b else f"{a / b:.2f}"
+
+
+def markdown(models: list[dict[str, Any]], header: str) -> list[str]:
+    lines = [
+        "# The corpus: models nobody wrote for the tool",
+        "",
+        header,
+        "",
+        "At the largest size without swapping: the no-swap peak, the lower bound (no plan",
+        "peaks lower) and the least peak the tuner reached, with that peak over the bound.",
+        "Largest sizes on v100-16gb-nvlink2 (16 GiB, budget 0.91 x); overhead is the tuned",
+        "plan's predicted step time over the no-swap step's at its largest size; exact: one",
+        "step of a small variant tuned 30 % of the way from its least to its no-swap peak,",
+        "bitwise on the CPU.",
+        "",
+        "| model | unit | at | no swap | bound | least | least / bound | largest: no swap | "
+        "tuned | bound | tuned / bound | overhead | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in models:
+        if "error" in r:
+            lines.append(f"| {r['name']} | failed: {r['error']} |" + " |" * 11)
+            continue
+        overhead = "n/a" if r["overhead"] is None else f"{r['overhead']:.2f}x"
+        exact = "yes" if r["exact"] else f"no ({r['exact_differing']}/{r['exact_variables']})"
+        lines.append(
+            f"| {r['name']} | {r['unit']} | {r['size']} | {_gib(r['no_swap_peak_bytes'])} | "
+            f"{_gib(r['lower_bound_bytes'])} | {_gib(r['least_peak_bytes'])} | "
+            f"{_ratio(r['least_peak_bytes'], r['lower_bound_bytes'])} | "
+            f"{r['max_batch_no_swap']} | {r['max_batch_tuned']} | {r['max_batch_bound']} | "
+            f"{_ratio(r['max_batch_tuned'], r['max_batch_bound'])} | {overhead} | {exact} |"
+        )
+    return lines
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=30, help="trials a probe of the size search")
+    p.add_argument("--exact-trials", type=int, default=20, help="trials of the exactness fit")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results")
+    p.add_argument("--models", default=",".join(_names()), help="comma-separated zoo names")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # one model, in this process
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if args.one:
+        print(json.dumps(_one(args.one, args.trials, args.seed, args.exact_trials)))
+        return 0
+    start = time.perf_counter()
+    models = []
+    for name in args.models.split(","):
+        member(name)
+        models.append(_run_fresh(name, args))
+        print(markdown(models[-1:], "")[-1], flush=True)
+    header = (
+        f"Generated by `python -m autotune.benchmarks.corpus --trials {args.trials}` in "
+        f"{time.perf_counter() - start:.0f} s."
+    )
+    write_result(Path(args.out), "corpus", markdown(models, header), {"models": models})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
