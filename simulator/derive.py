@@ -71,14 +71,12 @@ RECOMPUTE_MAX_OPS = 8
 RECOMPUTE_SMALLEST = 64
 #: a tensor the backward pass makes is a candidate only if no op reads it within this many
 #: levels: with a shorter gap its copy back is needed before the copy out has freed it, and both
-#: are held (ResNet-50 at batch 1144, v100-16gb-nvlink2: the least-memory plan with gaps of 2
-#: levels peaked at 17.94 GiB, with 4 at 14.52 GiB)
+#: are held (docs/method.md, "Constants")
 BACKWARD_GAP = 4
 #: a backward tensor's chain may hold an input no larger than it past the input's last reader
-#: when that reader runs within this many steps of the tensor's producer (`_Hold`): ResNet-50
-#: at batch 1147 on v100-16gb-pcie3, the plan of results/ at e0ba7f2 (`sync_lag` 2), makes the
-#: two input gradients of the first conv3 block's batch norms again from their output gradient,
-#: read 1 and 3 steps after them, where 0 steps made neither: 2.674x to 2.602x
+#: when that reader runs within this many steps of the tensor's producer (`_Hold`): a batch
+#: norm's input gradients made again from the output gradient read a few steps after them
+#: (docs/method.md, "Constants")
 HOLD_STEPS = 4
 #: op types never used as a swap-in trigger
 NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}

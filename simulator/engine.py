@@ -58,8 +58,7 @@ __all__ = ["Engine", "Evaluation"]
 #: at most this many rounds of swapping recomputes that hold bytes at the peak instead
 GUARD_ROUNDS = 8
 #: then at most this many of the recomputes it swapped instead, the largest, are tried again
-#: (ResNet-50 at batch 1147 on v100-16gb-pcie3, the plan of results/ at e0ba7f2 with backward
-#: recomputes: 16 gave 2.602x, 32 2.502x; it keeps about 20, each try a simulation)
+#: (each try a simulation; the figures behind the value are in docs/method.md, "Constants")
 GUARD_RELEASES = 32
 #: with backward tensors swapped, at most this many rounds of prefetching under a lower limit
 PREFETCH_ROUNDS = 3
@@ -94,8 +93,7 @@ class Evaluation:
 
 #: order edges found for one batch are reused for the same step at a batch whose lower bound is
 #: within this factor: the edges that lower the peak change with the share of activations in it
-#: (on ResNet-50, v100-16gb-nvlink2, edges found at batch 179 left ours at 1.29x at batch 1131,
-#: edges found at 650 or 1131 at 1.15x)
+#: (docs/method.md, "Constants")
 EDGE_REUSE = 1.5
 
 
@@ -419,8 +417,7 @@ class Engine:
     ) -> tuple[SwapPlan, PlanResult]:
         """The guard swaps all the recomputes at a peak at once, where fewer would do: recompute
         again each tensor it kept (at most `GUARD_RELEASES`, largest first) where the peak
-        stays within `recompute_limit` and the step gets shorter (ResNet-50 at batch 1147 on
-        v100-16gb-pcie3, the plan of results/ at 2fe9de3: 14.24 s to 13.03 s)."""
+        stays within `recompute_limit` and the step gets shorter."""
         tried = sorted(keep, key=lambda t: (-self.graph.tensors[t].nbytes, t))
         for name in tried[:GUARD_RELEASES]:
             trial = self._plan(params, keep - {name}, link)
