@@ -299,7 +299,7 @@ class PlanContext:
 
 def gradient_flow(graph: Graph, scopes: tuple[str, ...] = BACKWARD_SCOPES) -> frozenset[str]:
     """The ops in a gradient name scope and every op that reads, through data edges, what
-    they make: a custom gradient's ops (Keras' swish and GELU, say) are built outside the
+    they make: a custom gradient's ops (Keras' swish, say) are built outside the
     tape's scope, but they read the gradients that flow into them."""
     seen = {n for n in graph.ops if _in_scopes(n, scopes)}
     todo = list(seen)
