@@ -211,8 +211,6 @@ class PlanContext:
     flow: frozenset[str] = frozenset()
     #: ops that may neither wait nor be waited for (`opsemantics.regroupable_ops`)
     regrouped: frozenset[str] = frozenset()
-    #: levels that hold such ops and no other possible trigger (not counted as distance)
-    hidden: frozenset[int] = frozenset()
 
     @classmethod
     def build(
@@ -229,12 +227,7 @@ class PlanContext:
         for name in order.ops:
             if graph.ops[name].type not in NOT_TRIGGERS and name not in regrouped:
                 by_level[order.level[name]].append(name)
-        hidden = frozenset(order.level[n] for n in regrouped) - {
-            lvl for lvl, ops in enumerate(by_level) if ops
-        }
-        ctx = cls(
-            graph, order, backward, [], by_level, flow=flow, regrouped=regrouped, hidden=hidden
-        )
+        ctx = cls(graph, order, backward, [], by_level, flow=flow, regrouped=regrouped)
         ctx.unswappable = unswappable_ops(graph)
         pos = order.position
         ctx.last_read = {
@@ -658,19 +651,15 @@ def _groups(readers: list[tuple[int, str]], groupby: int) -> list[list[tuple[int
 def _trigger(
     ctx: PlanContext, cand: _Candidate, first: tuple[int, str], params: PlanParams
 ) -> str | None:
-    """The first op `lb`..`ub` levels before the reader `first` (direct order) or up its
-    inputs (chain rule). A level whose every op may not be waited for (`regroupable_ops`)
-    is not counted: a swap-in of the least-memory corner (`ub` 1) then waits for the level
-    before it rather than being dropped."""
     level, reader = first
     if params.trigger == "chain_rule":
         return _chain_rule(ctx, cand, reader, params)
-    d, at = params.lb, level - params.lb
-    while d <= params.ub and at > cand.level:
+    for d in range(params.lb, params.ub + 1):
+        at = level - d
+        if at <= cand.level:
+            return None
         if ctx.by_level[at]:
             return ctx.by_level[at][0]
-        d += at not in ctx.hidden
-        at -= 1
     return None
 
 

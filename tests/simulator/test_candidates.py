@@ -137,25 +137,3 @@ def test_a_swap_read_by_a_regrouped_op_is_waited_for_after_its_last_forward_read
     assert by_tensor["conv:0"].waiter == ""  # its forward reader `hs` may wait
     waiter = by_tensor["h:0"].waiter  # `sum` may not
     assert waiter and ctx.order.level[waiter] > ctx.order.level["sum"]
-
-
-def test_levels_of_regrouped_ops_alone_do_not_count_toward_the_trigger_distance() -> None:
-    # a's reader follows two adds that Grappler sums as one group: with ub=1 the swap-in
-    # waits for the op before them instead of being dropped
-    g = Graph("regrouped_levels")
-    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
-    a = add(g, "a", x, 8192)
-    f = add(g, "f", a, 1024)
-    big = add(g, "big", f, 16384)
-    loss = add(g, "loss", big, 4)
-    gl = add(g, "gradient_tape/loss", loss, 1024)
-    s1 = add(g, "gradient_tape/s1", gl + gl, 1024, type="AddV2")
-    s2 = add(g, "gradient_tape/s2", s1 + gl, 1024, type="AddV2")
-    r = add(g, "gradient_tape/a", s2 + a, 1024)
-    g.mark_outputs(loss + r)
-    ctx = PlanContext.build(g)
-    level = ctx.order.level
-    assert ctx.hidden == {level["gradient_tape/s1"], level["gradient_tape/s2"]}
-    plan = Engine.build(g).evaluate(PlanParams(ub=1, sync_out=True)).plan
-    swap = next(s for s in plan.swaps if s.tensor == "a:0")
-    assert [s.trigger for s in swap.swap_ins] == ["gradient_tape/loss"]
