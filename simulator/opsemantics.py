@@ -12,14 +12,12 @@ from simulator.graph import Graph
 __all__ = [
     "RECOMPUTABLE",
     "RECOMPUTABLE_HEAVY",
-    "REGROUPABLE",
     "SHAPE_ONLY",
     "assignment",
     "forwards",
     "fused_together",
     "inline_kernel",
     "inplace_inputs",
-    "regroupable_ops",
     "scratch_bytes",
 ]
 
@@ -127,11 +125,6 @@ RECOMPUTABLE_HEAVY = frozenset(
         "BatchMatMulV3",
     }
 )
-
-#: Op types that Grappler's arithmetic optimizer regroups (AddOpsRewrite sums a tree of adds
-#: as one AddN and an add of what it cannot broadcast; MinimizeBroadcasts reorders chains of
-#: adds and products): its stages skip any node driven by or driving a control dependency.
-REGROUPABLE = frozenset({"Add", "AddV2", "AddN", "Mul"})
 
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.
 SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank"})
@@ -244,28 +237,6 @@ def unswappable_ops(graph: Graph) -> frozenset[str]:
         and any(graph.tensors[t].producer in folded for t in op.inputs)
     )
     return folded | frozenset(with_constant)
-
-
-def regroupable_ops(graph: Graph) -> frozenset[str]:
-    """Sums and products Grappler's arithmetic optimizer may rewrite as one group (`REGROUPABLE`):
-    one whose only reader is an op of its kind (an add of an add, a product of a product),
-    and that reader. A control edge into or out of either keeps the group as it is, so the
-    step rounds otherwise than the original: a plan gives them none (no trigger, no waiter,
-    no order edge). Seen: MobileNetV2's residual sum `(x*s + b) + skip`, summed as
-    `AddN(skip, x*s) + b`, summed in order once a synchronized swap-out made it wait."""
-    out: set[str] = set()
-    for name, op in graph.ops.items():
-        if op.type not in REGROUPABLE:
-            continue
-        readers = {c for t in op.outputs for c in graph.tensors[t].consumers}
-        if len(readers) == 1 and _kind(graph.ops[next(iter(readers))].type) == _kind(op.type):
-            out |= {name, *readers}
-    return frozenset(out)
-
-
-def _kind(op_type: str) -> str:
-    """Which of Grappler's groups an op joins: adds with adds, products with products."""
-    return "product" if op_type == "Mul" else "sum" if op_type in REGROUPABLE else ""
 
 
 def _stateful(op_type: str) -> bool:
