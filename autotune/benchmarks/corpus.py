@@ -125,6 +125,7 @@ def _steps(m: Member, preset: Any) -> Any:
     from autotune.api import capture
     from autotune.search.batching import CapturedSteps, StepFamily
     from autotune.zoo import get_entry
+    from simulator.scaling import ScalingError
 
     entry = get_entry(m.name)
     if m.cube_step:
@@ -135,11 +136,14 @@ def _steps(m: Member, preset: Any) -> Any:
 
         return CapturedSteps(at_cube, preset)
     zm = entry.build()
-    return StepFamily.capture(
-        lambda b: capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b),
-        preset,
-        m.capture_batches,
-    )
+
+    def at(b: int) -> Any:
+        return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b)
+
+    try:
+        return StepFamily.capture(at, preset, m.capture_batches)
+    except ScalingError:  # ops named otherwise at another batch: captured at each one
+        return CapturedSteps(at, preset)
 
 
 def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
