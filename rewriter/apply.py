@@ -247,27 +247,20 @@ def _insert_recomputes(
     """Add a copy of each recompute's ops (named `recompute/...`) that waits for its trigger,
     reading the original tensors except where the chain makes its own or reads a swap-in
     (`copies`, by the recompute's sources), and reroute the backward readers to the copy;
-    return the copies by trigger. The chain's first copies wait for the trigger by a control
-    input the originals lack, so Grappler cannot merge them back into the originals, and the
-    others read copies; nothing else marks them, so that Grappler's arithmetic optimizer
-    rewrites the copies as it rewrites the originals: it sums a batch norm's output and a
-    residual `(x*s + b) + skip` as `AddN(skip, x*s) + b`, and copies it skipped (control
-    inputs, the keep attribute) summed in the other order, not bitwise like the original."""
+    return the copies by trigger. The copies carry the keep
+    attribute and a control input the originals lack, so Grappler neither removes them nor
+    merges them back into the originals."""
     after: dict[str, list[Any]] = {}
     for k, rc in enumerate(plan.recomputes):
         trigger = g.get_operation_by_name(rc.trigger)
         made: dict[str, Any] = {name: copies[(name, k)] for name, k in rc.sources}
-        inner = {
-            t for name in rc.ops for t in (o.name for o in g.get_operation_by_name(name).outputs)
-        }
         for name in rc.ops:
             original = g.get_operation_by_name(name)
             inputs = [made.get(t.name, t) for t in original.inputs]
             copy = _copy_op(g, original, inputs, copy_name(name, k))
-            if not any(t.name in inner for t in original.inputs):
-                copy._add_control_input(trigger)  # (no Pow: not RECOMPUTABLE, see `_wait`)
+            copy._add_control_input(trigger)  # (no Pow: not RECOMPUTABLE, see `_wait`)
             made.update(zip((t.name for t in original.outputs), copy.outputs))
-            after.setdefault(rc.trigger, []).append(copy)
+            after.setdefault(rc.trigger, []).append(_keep(copy.outputs[0]))
         tensor = g.get_tensor_by_name(rc.tensor)
         for reader in rc.consumers:
             _reroute(g.get_operation_by_name(reader), tensor, made[rc.tensor])

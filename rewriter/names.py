@@ -25,8 +25,6 @@ _SWAP_OUT = "swap_out/"
 _SWAP_IN = re.compile(r"/swap_in_\d+_\d+(/fetch(/shape)?)?$")
 _FETCH = ("/fetch", "/fetch/shape")
 _RECOMPUTE = "recompute_"
-#: a copy's last name part, or a node Grappler made of copies (`AddOpsRewrite_recompute_3`)
-_CHAIN = re.compile(r"(?:^|_)(recompute_\d+)$")
 
 
 def swap_out_name(tensor: str) -> str:
@@ -66,7 +64,6 @@ def is_swap_in(name: str) -> bool:
 
 
 def recompute_chain(name: str) -> str:
-    """The `recompute_K` of a recompute copy's name, or of a node that Grappler's arithmetic
-    optimizer made of copies (its last name part ends with `_recompute_K`); '' for any other."""
-    found = _CHAIN.search(name.rsplit("/", 1)[-1])
-    return found.group(1) if found else ""
+    """The `recompute_K` last part of a recompute copy's name ('' for any other op)."""
+    last = name.rsplit("/", 1)[-1]
+    return last if last.startswith(_RECOMPUTE) else ""

@@ -41,26 +41,6 @@ def residual_bn_cnn(side: int = 16):  # type: ignore[no-untyped-def]
     return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01, momentum=0.9))
 
 
-def linear_bottleneck_cnn(side: int = 16):  # type: ignore[no-untyped-def]
-    """A stem and two residual blocks whose batch norm's output is added to the shortcut with
-    no activation between, as in MobileNetV2: Grappler's arithmetic optimizer sums
-    `(x*s + b) + skip` as `AddN(skip, x*s) + b`, a recompute's copy of it too. The stem's
-    output is no recompute's (a convolution's), so the first block's sum can be one."""
-    import keras
-    from keras import layers
-
-    from autotune.zoo import ZooModel
-
-    keras.utils.set_random_seed(3)
-    x = inp = keras.Input((side, side, 3))
-    x = layers.Conv2D(8, 3, padding="same", activation="relu")(x)
-    for _ in range(2):
-        x = layers.Add()([x, layers.BatchNormalization()(layers.Conv2D(8, 3, padding="same")(x))])
-    out = layers.Dense(10)(layers.GlobalAveragePooling2D()(x))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01, momentum=0.9))
-
-
 def captured_residual_bn_cnn(batch: int = 8):  # type: ignore[no-untyped-def]
     """`residual_bn_cnn` and its captured training step."""
     from autotune.api import capture

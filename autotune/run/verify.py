@@ -241,23 +241,16 @@ def _run(fn: Any, inputs: list[Any], device: str, steps: int) -> Run:
 
 
 def _swap_op_devices(tuned: TunedStep, partitions: list[Any]) -> dict[str, str]:
-    """The device each swap op and recompute copy ran on. Grappler may merge a recompute's
-    copies into nodes of its own: the remapper fuses a recomputed convolution's copy into its
-    chain's next copy (a fused kernel, `_Fused...` or oneDNN's `_Mkl...`), the arithmetic
-    optimizer sums a batch norm's copies another way (`AddOpsRewrite_recompute_K`), as it
-    does the originals; the copies of a chain that holds such a node count as run there."""
+    """The device each swap op and recompute copy ran on. Grappler's remapper may fuse a
+    recomputed convolution's copy into its chain's next copy (a fused kernel, `_Fused...` or
+    oneDNN's `_Mkl...`): the copies of a chain that holds a fused kernel count as run there."""
     wanted = set(tuned.swap_ops)
-    out: dict[str, str] = {}
-    merged: dict[str, str] = {}  # by chain, where Grappler's nodes of its copies ran
-    for n in (n for pg in partitions for n in pg.node):
-        chain = recompute_chain(n.name)
-        if n.name in wanted:
-            out[n.name] = n.device
-        if chain and (n.name not in wanted or n.op.startswith("_")):
-            merged[chain] = n.device
+    nodes = {n.name: n for pg in partitions for n in pg.node if n.name in wanted}
+    out = {name: n.device for name, n in nodes.items()}
+    fused = {recompute_chain(name): n.device for name, n in nodes.items() if n.op.startswith("_")}
     for name in wanted - out.keys():
-        if recompute_chain(name) in merged:
-            out[name] = merged[recompute_chain(name)]
+        if recompute_chain(name) in fused:
+            out[name] = fused[recompute_chain(name)]
     return out
 
 
