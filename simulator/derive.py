@@ -312,9 +312,9 @@ def backward_ops(graph: Graph, order: Order, flow: frozenset[str]) -> frozenset[
     flow alone."""
     results = [graph.tensors[t].producer for t in graph.outputs]
     forward = _ancestors(graph, [p for p in results if p not in flow])
-    out = set(flow)
     if not forward:
         return flow
+    out = set(flow)
     for name in reversed(order.ops):
         if name in out or name in forward or not graph.ops[name].inputs:
             continue  # a source (a constant, a captured variable) is neither

@@ -50,6 +50,14 @@ class Member:
     def unit(self) -> str:
         return "cube edge" if self.cube_step else "batch"
 
+    def small_variant(self, seed: int = 3) -> tuple[Any, int]:
+        """The small variant built (weights from `seed`) and the batch to capture it at."""
+        from autotune.zoo import get_entry
+
+        cube = {"cube": self.small_size} if self.cube_step else {}
+        built = get_entry(self.name).build(seed=seed, **cube, **self.small)
+        return built, 1 if self.cube_step else self.small_size
+
 
 _SMALL_IMAGE = {"side": 64, "classes": 10}
 _SMALL_TEXT = {"layers_": 2, "width": 64, "heads": 2}
@@ -157,14 +165,10 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
     from autotune.api import build_engine, capture
     from autotune.run.measure import example_tensors
     from autotune.search.core import LEAST_MEMORY_ORDERED
-    from autotune.zoo import get_entry
     from simulator import get_preset
     from simulator.derive import PlanParams
 
-    entry = get_entry(m.name)
-    cube = {"cube": m.small_size} if m.cube_step else {}
-    batch = 1 if m.cube_step else m.small_size
-    a, b = (entry.build(seed=3, **cube, **m.small) for _ in range(2))
+    (a, batch), (b, _) = m.small_variant(), m.small_variant()
     original = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=batch)
     engine = build_engine(original, get_preset(DEVICE))
     peak = engine.evaluate(PlanParams(n_tensors=0)).peak_bytes

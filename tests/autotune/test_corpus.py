@@ -6,16 +6,14 @@ tf = pytest.importorskip("tensorflow")
 
 from autotune.api import capture  # noqa: E402
 from autotune.benchmarks.corpus import CORPUS, Member, member  # noqa: E402
-from autotune.zoo import ZOO, get_entry  # noqa: E402
+from autotune.zoo import ZOO  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
 
 def _small(m: Member, seed: int = 3):  # type: ignore[no-untyped-def]
     """The small variant of `m` and its captured step."""
-    cube = {"cube": m.small_size} if m.cube_step else {}
-    built = get_entry(m.name).build(seed=seed, **cube, **m.small)
-    batch = 1 if m.cube_step else m.small_size
+    built, batch = m.small_variant(seed)
     return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch)
 
 
