@@ -24,14 +24,16 @@ class ZooModel:
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """A named model builder; `cube` is the edge length for volumetric models, else None.
-    Without `loss` and `optimizer` factories, the entry trains with sparse categorical
+    """A named model builder; `cube` is the edge length for volumetric models, else None,
+    and a multiple of `cube_step` (its poolings halve it that many times over, in powers of
+    two). Without `loss` and `optimizer` factories, the entry trains with sparse categorical
     cross-entropy on logits and SGD with momentum."""
 
     name: str
     description: str
     builder: Callable[..., Any]
     default_cube: int | None = None
+    cube_step: int = 1
     loss: Callable[[], Any] | None = None
     optimizer: Callable[[], Any] | None = None
 
@@ -175,6 +177,7 @@ ZOO: dict[str, ZooEntry] = {
             "3D U-Net (16-128 filters, 4 levels), cube^3 x 4, 4 classes",
             _unet3d,
             default_cube=64,
+            cube_step=8,
         ),
         ZooEntry(
             "unet3d-isensee2017",
@@ -183,6 +186,7 @@ ZOO: dict[str, ZooEntry] = {
             "last, instance norm as GroupNormalization(groups=-1)",
             models.isensee2017,
             default_cube=128,
+            cube_step=16,
             loss=lambda: models.weighted_dice_loss,
             optimizer=models.isensee2017_optimizer,
         ),
@@ -200,6 +204,7 @@ ZOO: dict[str, ZooEntry] = {
             "3D U-Net (4-16 filters, 3 levels), cube^3 x 1 (tests)",
             _tiny_unet3d,
             default_cube=16,
+            cube_step=4,
         ),
         ZooEntry(
             "tiny-transformer", "1 attention block, 32 tokens, vocab 64 (tests)", _tiny_transformer

@@ -163,24 +163,27 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from autotune.zoo import resolve_model
     from simulator import get_preset
 
-    if (args.batch_size is None) == (not args.max_batch):
-        raise UsageError("give either --batch-size B or --max-batch")
+    _check_sizes(args)
     preset = get_preset(args.device)
     host = resolve_host_memory(args.host_memory)
     budget = Budget(args.gpu_memory or preset.memory_bytes, args.safety_ratio, host)
     batch = args.batch_size or "max"
+    size = f"maxcube{args.batch_size or 1}" if args.max_cube else batch
     name = args.study or study_name(
-        args.model, batch, preset.name, budget.bytes, host, args.recompute
+        args.model, size, preset.name, budget.bytes, host, args.recompute
     )
-    zm = resolve_model(args.model, cube=args.cube)
-    tuned = fit(
-        zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=args.batch_size,
-        gpu_memory=budget.device_bytes, device=preset, trials=args.trials, seed=args.seed,
-        storage=args.storage, study=name, out=args.out, safety_ratio=args.safety_ratio,
-        host_memory=host,
-        objectives=args.objectives, max_batch=args.max_batch, progress=not args.quiet,
-        recompute=args.recompute,
-    )  # fmt: skip
+    opts = {"trials": args.trials, "seed": args.seed, "storage": args.storage, "study": name,
+            "out": args.out, "objectives": args.objectives, "progress": not args.quiet,
+            "recompute": args.recompute}  # fmt: skip
+    if args.max_cube:
+        tuned = _fit_max_cube(args, preset, budget, opts)
+    else:
+        zm = resolve_model(args.model, cube=args.cube)
+        tuned = fit(
+            zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=args.batch_size,
+            gpu_memory=budget.device_bytes, device=preset, safety_ratio=args.safety_ratio,
+            host_memory=host, max_batch=args.max_batch, **opts,
+        )  # fmt: skip
     if args.verify:
         tuned.verify()
     report = tuned.report(args.out)
@@ -190,6 +193,35 @@ def cmd_fit(args: argparse.Namespace) -> int:
         return 0
     print_fit(args, tuned, name, report)
     return 0
+
+
+def _check_sizes(args: argparse.Namespace) -> None:
+    if args.max_cube:
+        if args.max_batch or args.cube:
+            raise UsageError(
+                "--max-cube searches the cube edge: give neither --max-batch nor --cube"
+            )
+    elif (args.batch_size is None) == (not args.max_batch):
+        raise UsageError("give either --batch-size B or --max-batch (or --max-cube)")
+
+
+def _fit_max_cube(args: argparse.Namespace, preset: Any, budget: Any, opts: dict[str, Any]) -> Any:
+    """`fit --max-cube`: the zoo model's largest cube edge at the batch given (default 1)."""
+    from autotune.search.cubes import fit_max_cube
+    from autotune.zoo import ZOO
+
+    entry = ZOO.get(args.model)
+    if entry is None or entry.default_cube is None:
+        cubes = ", ".join(e.name for e in ZOO.values() if e.default_cube)
+        raise UsageError(f"--max-cube needs a volumetric zoo model ({cubes}), not {args.model!r}")
+
+    def build(edge: int) -> tuple[Any, Any, Any]:
+        zm = entry.build(cube=edge)
+        return zm.model, zm.loss, zm.optimizer
+
+    return fit_max_cube(
+        build, entry.cube_step, preset, budget, batch_size=args.batch_size or 1, **opts
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

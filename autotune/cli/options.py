@@ -238,6 +238,11 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", action="store_true", help="find the largest batch that fits")
     p.add_argument("--cube", type=positive_int, default=None, help="edge length for 3D models")
     p.add_argument(
+        "--max-cube",
+        action="store_true",
+        help="3D zoo models: find the largest cube edge that fits at --batch-size (default 1)",
+    )
+    p.add_argument(
         "--gpu-memory", type=size_arg, help="device memory, e.g. 16GiB (default: the preset)"
     )
     p.add_argument(

@@ -114,8 +114,9 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
     from autotune.report.write import batches_table, methods_table
 
     d = tuned.to_dict()
+    cube = f", cube {d['cube']}" if "cube" in d else ""
     print(
-        f"model        {args.model}, batch {d['batch_size']}, on {d['device']}; budget "
+        f"model        {args.model}, batch {d['batch_size']}{cube}, on {d['device']}; budget "
         f"{_sized(d['budget_bytes'])} = {d['safety_ratio']:.2f} x {_sized(d['gpu_memory_bytes'])}"
     )
     print(f"lower bound  {_sized(d['lower_bound_bytes'])}  (resident + largest op working set)")
@@ -136,10 +137,11 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
     _print_host(d)
     batches = batches_table(tuned)
     if batches is not None:
-        print("\nlargest batch that fits, per method:")
+        size = "cube edge" if tuned.cube_step else "batch"
+        print(f"\nlargest {size} that fits, per method:")
         print(batches.to_string(index=False))
-        print(f"limited by   {d['max_batch_limited_by']} (at the next batch up, tuned)")
-    print(f"\nmethods at batch {d['batch_size']}:")
+        print(f"limited by   {d['max_batch_limited_by']} (at the next {size} up, tuned)")
+    print(f"\nmethods at batch {d['batch_size']}{cube}:")
     print(methods_table(tuned).to_string(index=False))
     if tuned.verification is not None:
         print(f"\nverified: the tuned and the original step run on {tuned.verification.place}")

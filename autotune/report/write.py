@@ -64,7 +64,8 @@ def methods_table(tuned: TuningResult) -> pd.DataFrame:
 
 
 def batches_table(tuned: TuningResult) -> pd.DataFrame | None:
-    """One row per method: the largest batch it fits, as a multiple of the no-swap batch."""
+    """One row per method: the largest batch (or cube edge) it fits, as a multiple of the
+    no-swap one."""
     import pandas as pd
 
     if tuned.batches is None:
@@ -73,7 +74,7 @@ def batches_table(tuned: TuningResult) -> pd.DataFrame | None:
     rows = [
         {
             "method": method,
-            "max batch": b.batch,
+            "max cube" if tuned.cube_step else "max batch": b.batch,
             "x no-swap": round(b.batch / base, 2),
             "overhead (x)": b.summary()["overhead"],
             "peak (GiB)": _gib(b.summary()["peak_bytes"]),
@@ -198,7 +199,8 @@ def _tables(tuned: TuningResult) -> list[tuple[str, pd.DataFrame]]:
     ]
     batches = batches_table(tuned)
     if batches is not None:
-        out.append(("Largest batch per method", batches))
+        size = "cube edge" if tuned.cube_step else "batch"
+        out.append((f"Largest {size} per method", batches))
     verified = verification_table(tuned)
     if verified is not None:
         out.append((f"Measured on {tuned.verification.place} against predicted", verified))
@@ -235,7 +237,7 @@ def _facts(tuned: TuningResult) -> list[str]:
     return [
         f"- device preset: {d['device']}; budget {format_bytes(d['budget_bytes'])} "
         f"({d['safety_ratio']:.2f} of {format_bytes(d['gpu_memory_bytes'])})",
-        f"- batch size: {d['batch_size']}",
+        f"- batch size: {d['batch_size']}" + (f", cube edge {d['cube']}" if "cube" in d else ""),
         f"- lower bound (resident + largest op): {format_bytes(d['lower_bound_bytes'])}",
         f"- no swapping: peak {format_bytes(d['baseline_peak_bytes'])}",
         f"- tuned: peak {format_bytes(d['predicted_peak_bytes'])}, "

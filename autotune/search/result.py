@@ -48,6 +48,9 @@ class TuningResult:
     captured: Captured | None = None
     time_bound_seconds: float | None = None
     batches: dict[str, BatchSearch] | None = None
+    #: > 0 when the size searched was a volumetric model's cube edge (`batches` count edges,
+    #: multiples of this step), not the batch
+    cube_step: int = 0
     steps: Any = None  # the StepFamily of a largest-batch search (for the batch curve)
     verification: Any = None
     recapture: Callable[[int], Captured] | None = field(default=None, repr=False)
@@ -208,8 +211,11 @@ class TuningResult:
         if self.verification is not None:
             out["verification"] = self.verification.to_dict()
         if self.batches is not None:
-            out["max_batch_no_swap"] = self.batches["no swapping"].batch
-            out["max_batch_tuned"] = self.batches["ours"].batch
+            size = "max_cube" if self.cube_step else "max_batch"
+            if self.cube_step:
+                out["cube"] = self.batches["ours"].batch or self.batches["no swapping"].batch
+            out[f"{size}_no_swap"] = self.batches["no swapping"].batch
+            out[f"{size}_tuned"] = self.batches["ours"].batch
             out["max_batch_limited_by"] = self.batches["ours"].limit
             out["baselines"] = {k: b.summary() for k, b in self.batches.items() if k != "ours"}
         return out

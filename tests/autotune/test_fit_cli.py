@@ -85,6 +85,26 @@ def test_max_batch_json_has_every_baseline(tmp_path: Path) -> None:
         assert b["max_batch"] >= 0 and "overhead" in b
 
 
+def test_max_cube_finds_the_largest_edge_and_tunes_there(tmp_path: Path) -> None:
+    from autotune.api import build_engine, capture
+    from autotune.zoo import get_entry
+    from simulator import get_preset
+    from simulator.derive import PlanParams
+
+    args = ("--model", "tiny-unet3d", "--gpu-memory", "40MiB", "--trials", "4", "--quiet")
+    out = cli_json("fit", *args, "--max-cube", "--out", str(tmp_path))
+    entry = get_entry("tiny-unet3d")
+    assert out["cube"] == out["max_cube_tuned"] > out["max_cube_no_swap"] > 0
+    assert out["max_cube_tuned"] % entry.cube_step == 0 and out["batch_size"] == 1
+    assert out["predicted_peak_bytes"] <= out["budget_bytes"]
+    assert "max_batch_tuned" not in out and out["max_batch_limited_by"]
+    # one step above the no-swap edge, the step does not fit without swapping
+    zm = entry.build(cube=out["max_cube_no_swap"] + entry.cube_step)
+    cap = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=1)
+    engine = build_engine(cap, get_preset(out["device"]))
+    assert engine.evaluate(PlanParams(n_tensors=0)).peak_bytes > out["budget_bytes"]
+
+
 def test_table_output_and_a_model_from_the_users_file(tmp_path: Path) -> None:
     src = tmp_path / "mymodel.py"
     src.write_text(
@@ -115,6 +135,8 @@ def test_table_output_and_a_model_from_the_users_file(tmp_path: Path) -> None:
         (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "0"], "positive integer"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "-2"], "positive integer"),
         (["--model", "tiny-cnn"], "--batch-size B or --max-batch"),
+        (["--model", "tiny-cnn", "--max-cube"], "needs a volumetric zoo model"),
+        (["--model", "tiny-unet3d", "--max-cube", "--cube", "16"], "give neither"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--recompute", "often"], "invalid choice"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--gpu-memory", "lots"], "size"),
         (["--model", "nofile.py:build", "--batch-size", "8"], "does not exist"),
