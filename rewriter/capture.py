@@ -91,6 +91,7 @@ def graph_from_concrete(cf: Any, variables: list[Any] | None = None) -> Graph:
     graph.functions = [f.signature.name for f in fg.as_graph_def().library.function]
     live = _live(fg)
     for tf_op in _topological([op for op in fg.get_operations() if op.name in live]):
+        _refuse_loop(tf_op)
         tensors = [_tensor(t, kinds) for t in tf_op.outputs]
         graph.add_op(_op(tf_op), tensors)
     graph.mark_outputs([t.name for t in fg.outputs if t.name in graph.tensors])
@@ -115,20 +116,41 @@ def _live(fg: Any) -> set[str]:
     return live
 
 
+#: Ops that run a loop: functional (`tf.while_loop`, Keras' recurrent layers) and, in a graph
+#: Grappler lowered, the frame ops whose back edge closes it
+LOOP_TYPES = frozenset({"While", "StatelessWhile", "NextIteration", "RefNextIteration"})
+_UNROLL = (
+    "loops are not simulated yet: the tensors a loop saves for its gradient live in lists "
+    "whose size the graph does not state. Unroll it: Keras recurrent layers take unroll=True, "
+    "and a tf.while_loop with a fixed trip count can be a Python for loop"
+)
+
+
+def _refuse_loop(tf_op: Any) -> None:
+    if tf_op.type in LOOP_TYPES:
+        raise CaptureError(f"op {tf_op.name!r} ({tf_op.type}) runs a loop; {_UNROLL}")
+
+
 def _topological(ops: list[Any]) -> list[Any]:
-    """`ops` reordered so that every op follows its data and control predecessors, stably."""
+    """`ops` reordered so that every op follows its data and control predecessors, stably;
+    CaptureError naming an op of a cycle (a lowered loop's back edge) if there is one."""
     done: set[str] = set()
     out: list[Any] = []
     for root in ops:
         stack = [(root, False)]
+        open_: set[str] = set()  # expanded, not done: the path being walked
         while stack:
             op, expanded = stack.pop()
             if op.name in done:
                 continue
             if expanded:
                 done.add(op.name)
+                open_.discard(op.name)
                 out.append(op)
                 continue
+            if op.name in open_:
+                raise CaptureError(f"op {op.name!r} ({op.type}) is on a cycle; {_UNROLL}")
+            open_.add(op.name)
             stack.append((op, True))
             preds = [t.op for t in op.inputs] + list(op.control_inputs)
             stack.extend((p, False) for p in reversed(preds) if p.name not in done)

@@ -152,3 +152,63 @@ def test_each_filter_gradient_is_grouped_with_the_bias_gradient_of_its_input() -
         twin = next(n for n in groups[op.name] if n != op.name)
         assert g.ops[twin].type == "BiasAddGrad" and g.ops[twin].inputs == [op.inputs[2]]
         assert groups[twin] == groups[op.name]
+
+
+_LSTM = """
+import keras
+def build(unroll=False):
+    inp = keras.Input((4,), dtype="int32")
+    x = keras.layers.Embedding(100, 16)(inp)
+    x = keras.layers.LSTM(32, return_sequences=True, unroll=unroll)(x)
+    x = keras.layers.LSTM(32, unroll=unroll)(x)
+    m = keras.Model(inp, keras.layers.Dense(2)(x))
+    m.compile(loss="sparse_categorical_crossentropy", optimizer="adam")
+    return m
+def unrolled():
+    return build(unroll=True)
+"""
+
+
+def test_a_recurrent_model_is_refused_in_one_line_and_its_unrolled_twin_simulates(
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    # a Keras LSTM's step holds While ops (lowered, their back edges had made capture walk
+    # without end); the timeout bounds the refusal
+    from tests.autotune.cli_helpers import run_cli
+
+    src = tmp_path / "rnn.py"
+    src.write_text(_LSTM)
+    out = run_cli("simulate", "--model", f"{src}:build", "--batch-size", "8", timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.startswith("autotune")]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "(While) runs a loop" in lines[0] and "unroll=True" in lines[0]
+    assert "Traceback" not in out.stderr
+    out = run_cli("simulate", "--model", f"{src}:unrolled", "--batch-size", "8", timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_cycle_in_a_graph_is_refused_naming_an_op_of_it() -> None:
+    # a lowered while loop: Enter -> Merge -> Switch -> NextIteration -> Merge; run in a child
+    # process so that a walk without end fails the test by its timeout instead of hanging it
+    import subprocess
+    import sys
+
+    code = """
+from types import SimpleNamespace as NS
+from rewriter.capture import CaptureError, _topological
+def op(name, type_):
+    return NS(name=name, type=type_, inputs=[], control_inputs=[])
+enter, merge, switch, nxt, out = (op("enter", "Enter"), op("merge", "Merge"),
+    op("switch", "Switch"), op("next", "NextIteration"), op("exit", "Exit"))
+merge.inputs = [NS(op=enter), NS(op=nxt)]
+switch.inputs = [NS(op=merge)]
+nxt.inputs = [NS(op=switch)]
+out.inputs = [NS(op=switch)]
+try:
+    _topological([enter, merge, switch, nxt, out])
+except CaptureError as err:
+    print(err)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "is on a cycle" in done.stdout and "unroll=True" in done.stdout, done.stderr
+    assert done.stdout.split("'")[1] in {"merge", "switch", "next"}
