@@ -281,6 +281,7 @@ class _Walk:
         ):
             planned[q] = True
         steps = program.steps
+        self.buf = buf
         for p in program.visits:
             outs = steps[p]
             for t, nbytes, fwd, cands in outs:
@@ -305,30 +306,44 @@ class _Walk:
                     frees[end] = [b]
                 else:
                     waiting.append(b)
+            held: frozenset[int] = frozenset()
             if planned[p]:
                 self._host_events(p, program.host_out.get(p, ()), _SWAP_OUT, 1)
+                held = self._chain_inputs(p, buf)
             waiting = frees[p]
             if waiting is not None:
                 for b in waiting:
-                    if buf_last[b] == p:
+                    if buf_last[b] == p and b not in held:
                         buf_last[b] = -1
                         free(p, b, sizes[b])
             if planned[p]:
-                self._plan_in(p)
+                self._plan_in(p, held)
         self.buf = buf
 
-    def _plan_in(self, p: int) -> None:
+    def _chain_inputs(self, p: int, buf: list[int]) -> frozenset[int]:
+        """The buffers that the chains re-run after step `p` read (recompute events of sign
+        0): those whose last use is `p` are freed after the chains, not before."""
+        events = self.program.recomputes.get(p, ())
+        return frozenset(buf[t] for t, _, sign in events if sign == 0)
+
+    def _plan_in(self, p: int, held: frozenset[int] = frozenset()) -> None:
         """Swap-ins the op at step `p` triggers, once the inputs it was the last to read are
-        freed, then the ops it triggers to re-run, then the host copies released at `p`. A
-        swapped-in or recomputed copy is always a new buffer."""
+        freed, then the ops it triggers to re-run (the buffers `held` for them freed after
+        their last reader among them, when `p` is their last use), then the host copies
+        released at `p`. A swapped-in or recomputed copy is always a new buffer."""
         for t, nbytes, _, _ in self.program.swap_ins.get(p, ()):
             self._place(p, t, nbytes, _SWAP_IN)
+        sizes = self.program.alloc_bytes
         for t, nbytes, sign in self.program.recomputes.get(p, ()):
             if sign > 0:
                 self._place(p, t, nbytes, _RECOMPUTE)
-            else:  # an intermediate of the chain, after its last reader there
+            elif sign < 0:  # an intermediate of the chain, after its last reader there
                 self.buf_last[t] = -1
                 self.heap.free(p, t, nbytes)
+            elif self.buf[t] in held and self.buf_last[self.buf[t]] == p:  # read last there
+                b = self.buf[t]
+                self.buf_last[b] = -1
+                self.heap.free(p, b, sizes[b])
         self._host_events(p, self.program.host_free.get(p, ()), _HOST_FREE, -1)
 
     def _place(self, p: int, t: int, nbytes: int, kind: int) -> None:

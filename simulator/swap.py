@@ -7,14 +7,16 @@ freed), which its rerouted consumers read; the host copy is
 released once the last swap-in has read it. A recomputed tensor's original dies after its last
 consumer that is not rerouted; when its trigger has run, the outputs of the re-run ops are
 allocated (the chain's intermediates freed once it is done), and the chain's inputs live at
-least until then.
+least until then: one whose last reader is the chain is freed after it has run, as TensorFlow
+frees it after the copy that reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
-from simulator.graph import Graph
+from simulator.graph import Graph, Op
 from simulator.memory import Program, _Out, added_visits
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapPlan
 
@@ -27,6 +29,8 @@ def lower_plan(
     """`program` with `plan` applied; `release` gives, per tensor, the step by which its copy to
     the host has finished (from the time model). Raise InvalidPlan for a plan that cannot run."""
     lowered = _Lowering(program)
+    reads = Counter(n for rc in plan.recomputes for n in rc.reads(graph))
+    lowered.shared = frozenset(n for n, k in reads.items() if k > 1)
     seen: set[str] = set()
     for swap in plan.swaps:
         if swap.tensor in seen:
@@ -56,6 +60,8 @@ class _Lowering:
         self.recomputes: dict[int, list[tuple[int, int, int]]] = {}
         self.extended: list[int] = []  # steps to which a chain's input now lives
         self._recomputed: list[str] = []
+        #: tensors more than one recompute reads: never written into by a chain
+        self.shared: frozenset[str] = frozenset()
         #: (swapped tensor, k) -> the id of swap-in k's copy and the step it is placed at
         self.copies: dict[tuple[str, int], tuple[int, int]] = {}
 
@@ -129,13 +135,14 @@ class _Lowering:
             raise InvalidPlan(f"recompute of {rc.tensor!r} is triggered after one of its readers")
         sources = self._sources(rc, at)
         inner = rc.made(graph)
+        external: dict[str, int] = {}  # the tensors the chain reads, by name
         for op_name in rc.ops:
             for name in graph.ops[op_name].inputs:
                 if name not in inner and name in self.base.tid:
-                    i = sources.get(name, self.base.tid[name])
+                    i = external[name] = sources.get(name, self.base.tid[name])
                     self.last[i] = max(self.last[i], at)  # the chain reads it at `at`
                     self.extended.append(self.last[i])
-        events, made = self._chain_events(graph, rc, at)
+        events, made = self._chain_events(graph, rc, at, external)
         if rc.tensor not in made:
             raise InvalidPlan(f"recompute of {rc.tensor!r}: its ops do not produce it")
         sid = made[rc.tensor]
@@ -145,31 +152,30 @@ class _Lowering:
             self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
 
     def _chain_events(
-        self, graph: Graph, rc: Recompute, at: int
+        self, graph: Graph, rc: Recompute, at: int, external: dict[str, int]
     ) -> tuple[list[tuple[int, int, int]], dict[str, int]]:
         """The chain's buffers, op by op, as (buffer id, bytes, +1 placed / -1 freed) events,
         and the buffer of each tensor it makes. An element-wise op writes into an input buffer
-        of its size that the chain made and reads for the last time (as its kernel does); an
-        intermediate's buffer is freed after its last reader in the chain."""
+        of its size that it reads for the last time (as its kernel does): one the chain made,
+        or, for the tensor recomputed, one of `external` (what the chain reads, by name: its
+        tensor id) that nothing reads after the chain. An intermediate's buffer is freed after
+        its last reader in the chain; a tensor of `external` that the chain reads last, after
+        its last reader in the chain (an event of sign 0)."""
         last_read = {n: j for j, o in enumerate(rc.ops) for n in graph.ops[o].inputs}
         events: list[tuple[int, int, int]] = []
         made: dict[str, int] = {}
         for j, op_name in enumerate(rc.ops):
             op = graph.ops[op_name]
+            ends = [n for n in dict.fromkeys(op.inputs) if n in external and last_read[n] == j]
             dying = [n for n in dict.fromkeys(op.inputs) if n in made and last_read[n] == j]
             for k, name in enumerate(op.outputs):
                 base = self.base.tid.get(name)
                 if base is None or not self.alloc[base]:
                     continue
                 size = self.alloc[base]
-                reuse = [
-                    op.inputs[i]
-                    for i in (op.inplace if k == 0 else ())
-                    if op.inputs[i] in dying and self.alloc[made[op.inputs[i]]] == size
-                ]
-                if reuse:
-                    made[name] = made[reuse[0]]
-                    dying.remove(reuse[0])
+                taken = self._taken(op, k, name == rc.tensor, dying, ends, made, external, at)
+                if taken is not None:
+                    made[name] = taken
                     continue
                 made[name] = len(self.names)
                 self.names.append(f"{name}@re")
@@ -179,7 +185,36 @@ class _Lowering:
                 if name != rc.tensor and name not in last_read:
                     dying.append(name)  # an output no later op of the chain reads
             events += [(made[n], self.alloc[made[n]], -1) for n in dying]
+            events += [(external[n], 0, 0) for n in ends]
         return events, made
+
+    def _taken(
+        self,
+        op: Op,
+        k: int,
+        final: bool,
+        dying: list[str],
+        ends: list[str],
+        made: dict[str, int],
+        external: dict[str, int],
+        at: int,
+    ) -> int | None:
+        """The buffer output `k` of `op` writes into (`dying` or `ends` lose the input taken),
+        or None for a new one; `final`: the output is the tensor recomputed."""
+        if k != 0:
+            return None
+        size = self.alloc[self.base.tid[op.outputs[0]]]
+        for i in op.inplace:
+            name = op.inputs[i]
+            if name in dying and self.alloc[made[name]] == size:
+                dying.remove(name)
+                return made[name]
+            t = external.get(name, -1)
+            alone = final and name in ends and name not in self.shared
+            if alone and self.alloc[t] == size and self.last[t] == at:  # nothing reads it later
+                ends.remove(name)
+                return t
+        return None
 
     def _sources(self, rc: Recompute, at: int) -> dict[str, int]:
         """The swapped-in copies a chain reads, by the tensor they copy, checked to be there
