@@ -134,7 +134,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         from autotune.api import build_engine
 
         plan = build_engine(captured, preset).evaluate(params).plan
-    v = verify_captured(captured, plan, steps=args.steps, dry_run=dry_run)
+    v = verify_captured(
+        captured, plan, steps=args.steps, dry_run=dry_run, memory_bytes=args.gpu_memory
+    )
     out = {
         "model": args.model,
         "batch_size": args.batch_size,

@@ -108,6 +108,9 @@ def print_verification(v: Any) -> None:
             print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {v.steps})")
     if v.error_percent is not None:
         print(f"error        {v.error_percent:+.1f} % (predicted against measured, tuned)")
+    if v.memory_bytes is not None:
+        verdict = "fits" if v.fits else "does NOT fit"
+        print(f"{verdict:<12} {_sized(v.memory_bytes)} of device memory (measured, tuned)")
 
 
 def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> None:

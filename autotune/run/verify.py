@@ -58,6 +58,16 @@ class Verification:
     steps: int = 1
     gating: GatingReport | None = None
     dry_run: bool = False
+    #: the device memory the step was tuned for, if known: the tuned step fits only within it
+    memory_bytes: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        """The tuned step ran, and its measured peak is within `memory_bytes` (when known)."""
+        if self.tuned.error is not None:
+            return False
+        peak, limit = self.tuned.peak_bytes, self.memory_bytes
+        return limit is None or peak is None or peak <= limit
 
     @property
     def place(self) -> str:
@@ -81,7 +91,8 @@ class Verification:
             "error_percent": self.error_percent,
             "step_seconds": self.tuned.step_seconds,
             "baseline_step_seconds": self.baseline.step_seconds,
-            "fits": self.tuned.error is None,
+            "fits": self.fits,
+            "memory_bytes": self.memory_bytes,
             "error": self.tuned.error,
             "swapped_tensors": len(self.plan.swaps),
             "recomputed_tensors": self.plan.recomputed_tensors,
@@ -152,12 +163,18 @@ def training_step(captured: Captured, plan: SwapPlan) -> Any:
 
 
 def verify_captured(
-    captured: Captured, plan: PlanParams | SwapPlan, *, steps: int = 3, dry_run: bool = False
+    captured: Captured,
+    plan: PlanParams | SwapPlan,
+    *,
+    steps: int = 3,
+    dry_run: bool = False,
+    memory_bytes: int | None = None,
 ) -> Verification:
     """Run the tuned and the original step `steps` times after a warm-up each; compare. On a
     GPU, check that every swap-in waits for its trigger (`autotune.run.gating`); on the CPU with
     `dry_run`, check the same on the GPU form of the step run on two logical CPUs
-    (`use_two_cpus` must have run before TensorFlow started)."""
+    (`use_two_cpus` must have run before TensorFlow started). With `memory_bytes` (the device
+    memory tuned for), the verification says whether the measured peak fits it."""
     import tensorflow as tf
 
     from autotune.run.measure import _check_setup, current_device, example_tensors
@@ -199,6 +216,7 @@ def verify_captured(
         steps,
         gating,
         dry_run,
+        memory_bytes,
     )
 
 

@@ -227,7 +227,9 @@ class TuningResult:
 
         if self.captured is None:
             raise UserError("this result holds no captured step to run")
-        self.verification = verify_captured(self.captured, self.plan, steps=steps)
+        self.verification = verify_captured(
+            self.captured, self.plan, steps=steps, memory_bytes=self.budget.device_bytes
+        )
         return self.verification
 
     def save_plan(self, path: str | Path) -> Path:

@@ -95,6 +95,29 @@ def test_gpu_memory_limit_without_a_gpu_says_so_and_runs_emulated() -> None:
 
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["device"] == "emulated" and result["gpu_memory_limit_bytes"] is None
+    assert result["memory_bytes"] == 1 << 30 and result["fits"]
+
+
+def test_a_step_measured_over_the_device_memory_does_not_fit() -> None:
+    # the step runs (the emulated device has no limit), but a peak over the memory it was
+    # tuned for is no fit, whatever the run did
+    args = ("verify", "--model", "tiny-cnn", "--batch-size", "64", "--steps", "1")
+    out = cli_json(*args, "--gpu-memory", "1MiB")
+    assert out["error"] is None and out["measured_peak_bytes"] > out["memory_bytes"] == 1 << 20
+    assert out["fits"] is False
+
+
+def test_fits_needs_the_run_and_the_measured_peak_within_the_memory() -> None:
+    from autotune.run.verify import Run, Verification
+    from simulator import SwapPlan
+
+    def verdict(run: Run, memory: int | None) -> bool:
+        return Verification("emulated", SwapPlan(), run, run, 0, 0, 0, memory_bytes=memory).fits
+
+    ran = Run(45_800_000, 0.01)
+    assert verdict(ran, None) and verdict(ran, 50_000_000)
+    assert not verdict(ran, 33_400_000)
+    assert not verdict(Run(None, None, "out of memory"), None)
 
 
 def test_limit_gpu_memory_is_a_no_op_without_a_gpu() -> None:
