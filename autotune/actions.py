@@ -47,20 +47,22 @@ def rewrite(
     compute_device: str | None = None,
     host_device: str | None = None,
     plan: Any = None,
+    device: str | None = None,
     **options: Any,
 ) -> Any:
     """The tuned step for the plan that `n_tensors=`, `lb=`, `ub=`, ... give, or for `plan=`
     (a plan file that `fit` wrote, e.g. runs/x/plan.json): callable like the original, with
     `.graph_def` and `.plan`. On a GPU if TensorFlow sees one (swap ops on the host device),
     else emulated. `mode="device"` with `compute_device="/device:CPU:0",
-    host_device="/device:CPU:1"` builds the GPU form on two logical CPUs (`use_two_cpus`)."""
+    host_device="/device:CPU:1"` builds the GPU form on two logical CPUs (`use_two_cpus`).
+    Parameters give the plan `fit` derives from them for `device` (a preset; default fit's)."""
     from autotune.run.verify import rewrite_captured
 
     options, params = _split(options)
     captured = capture(step, *example_args, **options)
     given = {"mode": mode, "compute_device": compute_device, "host_device": host_device}
     return rewrite_captured(
-        captured, _plan(plan, captured) or params, **{k: v for k, v in given.items() if v}
+        captured, _plan(plan, captured) or params, device, **{k: v for k, v in given.items() if v}
     )
 
 
@@ -78,17 +80,23 @@ def _plan(plan: Any, captured: Captured) -> Any:
 
 
 def verify(
-    step: Any, *example_args: Any, steps: int = 3, dry_run: bool = False, **options: Any
+    step: Any,
+    *example_args: Any,
+    steps: int = 3,
+    dry_run: bool = False,
+    device: str | None = None,
+    **options: Any,
 ) -> Any:
     """Run the tuned step (plan options as for `rewrite`) and the original on the device and
     report measured peaks and times next to the simulator's prediction, and on a GPU whether
     each swap-in waited for its trigger. Without a GPU, `dry_run` checks that on two logical
-    CPUs (call `use_two_cpus()` before TensorFlow starts)."""
+    CPUs (call `use_two_cpus()` before TensorFlow starts). Parameters give the plan `fit`
+    derives from them for `device` (a preset; default fit's)."""
     from autotune.run.verify import verify_captured
 
     options, params = _split(options)
     captured = capture(step, *example_args, **options)
-    return verify_captured(captured, params, steps=steps, dry_run=dry_run)
+    return verify_captured(captured, params, steps=steps, dry_run=dry_run, device=device)
 
 
 def use_two_cpus() -> None:

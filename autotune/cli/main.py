@@ -29,7 +29,7 @@ from autotune.cli.options import (
 from autotune.cli.output import print_fit, print_simulation, print_verification
 from autotune.search.core import INTERRUPTED
 from autotune.units import format_sized as _sized
-from simulator import PRESETS, get_preset
+from simulator import PRESETS
 from simulator.errors import UserError
 
 __all__ = ["main"]
@@ -116,8 +116,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from simulator.derive import PlanParams
 
     params = plan_params(args) or PlanParams()
-    preset = get_preset(args.device) if args.device else None
-    _check_prefetch(params, preset)
     limited = args.gpu_memory is not None and limit_gpu_memory(args.gpu_memory)
     dry_run = args.dry_run and not limited and _no_gpu()
     if dry_run:
@@ -129,14 +127,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     captured = _capture_zoo(args)
-    plan: Any = params
-    if preset is not None:  # derived with the preset's time model (prefetch needs it)
-        from autotune.api import build_engine
-
-        plan = build_engine(captured, preset).evaluate(params).plan
     v = verify_captured(
-        captured, plan, steps=args.steps, dry_run=dry_run, memory_bytes=args.gpu_memory
-    )
+        captured, params, steps=args.steps, dry_run=dry_run, memory_bytes=args.gpu_memory,
+        device=args.device,
+    )  # fmt: skip
     out = {
         "model": args.model,
         "batch_size": args.batch_size,

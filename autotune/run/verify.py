@@ -19,7 +19,16 @@ from autotune.run.gating import GatingReport, check_gating, executed_partitions
 from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
 from rewriter.names import recompute_chain
-from simulator import BFCModel, Graph, SimResult, SwapPlan, compile_program, simulate_plan
+from simulator import (
+    BFCModel,
+    DevicePreset,
+    Graph,
+    SimResult,
+    SwapPlan,
+    compile_program,
+    get_preset,
+    simulate_plan,
+)
 from simulator.derive import PlanParams
 
 __all__ = [
@@ -133,22 +142,32 @@ def limit_gpu_memory(nbytes: int) -> bool:
     return True
 
 
-def plan_for(captured: Captured, plan: PlanParams | SwapPlan) -> SwapPlan:
-    """`plan` itself, or the plan its parameters give on the captured graph (with the order
-    edges `serialize` finds there)."""
+def plan_for(
+    captured: Captured, plan: PlanParams | SwapPlan, device: str | DevicePreset | None = None
+) -> SwapPlan:
+    """`plan` itself, or the plan its parameters give on the captured graph as `fit` derives
+    it: with the costs and host link of `device` (a preset; default `fit`'s), the allocator
+    model and the time model, on which its order edges, guards and prefetching depend."""
     if isinstance(plan, SwapPlan):
         return plan
-    from simulator.engine import Engine
+    from autotune.api import build_engine
+    from autotune.search.tuning import DEFAULT_DEVICE
 
-    return Engine.build(captured.graph).evaluate(plan, allocator=False, timed=False).plan
+    preset = device if isinstance(device, DevicePreset) else get_preset(device or DEFAULT_DEVICE)
+    return build_engine(captured, preset).evaluate(plan).plan
 
 
-def rewrite_captured(captured: Captured, plan: PlanParams | SwapPlan, **options: Any) -> TunedStep:
-    """Apply `plan` (or derive it from parameters first): on the GPU if TensorFlow sees one
-    (swap-outs to the host), else on the emulated device."""
+def rewrite_captured(
+    captured: Captured,
+    plan: PlanParams | SwapPlan,
+    device: str | DevicePreset | None = None,
+    **options: Any,
+) -> TunedStep:
+    """Apply `plan` (or derive it from parameters first, for `device` as in `plan_for`): on the
+    GPU if TensorFlow sees one (swap-outs to the host), else on the emulated device."""
     from autotune.run.measure import current_device
 
-    plan = plan_for(captured, plan)
+    plan = plan_for(captured, plan, device)
     if current_device() == "GPU:0":
         options = {"mode": "device", "compute_device": "/device:GPU:0", **options}
     return apply_plan(captured, plan, **options)
@@ -169,12 +188,14 @@ def verify_captured(
     steps: int = 3,
     dry_run: bool = False,
     memory_bytes: int | None = None,
+    device: str | DevicePreset | None = None,
 ) -> Verification:
     """Run the tuned and the original step `steps` times after a warm-up each; compare. On a
     GPU, check that every swap-in waits for its trigger (`autotune.run.gating`); on the CPU with
     `dry_run`, check the same on the GPU form of the step run on two logical CPUs
     (`use_two_cpus` must have run before TensorFlow started). With `memory_bytes` (the device
-    memory tuned for), the verification says whether the measured peak fits it."""
+    memory tuned for), the verification says whether the measured peak fits it; parameters
+    give the plan they give `fit` on `device` (`plan_for`)."""
     import tensorflow as tf
 
     from autotune.run.measure import _check_setup, current_device, example_tensors
@@ -182,7 +203,7 @@ def verify_captured(
     _check_setup(tf)
     # the schedule is pinned so that the run follows the order the plan was simulated in; the
     # pinned step matches the original to rounding (see rewriter.apply), which verify does not need
-    tuned = rewrite_captured(captured, plan, pin_order=True)
+    tuned = rewrite_captured(captured, plan, device, pin_order=True)
     inputs = example_tensors(captured.specs)
     device = current_device()
     executed, gating = _first_call(tuned, inputs)

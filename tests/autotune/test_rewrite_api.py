@@ -41,3 +41,18 @@ def test_rewrite_returns_a_tuned_step_that_trains_like_the_original() -> None:
     assert np.array_equal(original(x).numpy(), tuned(x).numpy())
     for a, b in zip(ws_a, ws_b, strict=True):
         assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_fit_and_rewrite_give_one_plan_for_the_same_parameters(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the plan fit returns comes from an engine with the preset's costs, the allocator model
+    # and the time model (order edges, guards, prefetching); rewrite and verify derive their
+    # plan from the same parameters the same way
+    from autotune.zoo import get_entry
+
+    zm = get_entry("tiny-cnn").build(seed=3)
+    kw = {"loss": zm.loss, "optimizer": zm.optimizer, "batch_size": 256}
+    tuned = autotune.fit(zm.model, gpu_memory="80MiB", trials=10, out=tmp_path, **kw)
+    assert tuned.plan.swaps or tuned.plan.recomputes
+    again = autotune.rewrite(zm.model, **kw, **tuned.params.to_dict())
+    assert again.plan == tuned.plan
+    assert again.plan == autotune.rewrite(zm.model, **kw, plan=tuned.plan).plan
