@@ -61,7 +61,7 @@ def _order_edges(out: Path, quick: bool) -> None:
 def _corpus(out: Path, quick: bool) -> None:
     from autotune.benchmarks import corpus
 
-    extra = ["--models", "mobilenetv2", "--trials", "3", "--exact-trials", "3"] if quick else []
+    extra = ["--models", "unet2d", "--trials", "3", "--exact-trials", "3"] if quick else []
     corpus.main(["--out", str(out), *extra])
 
 

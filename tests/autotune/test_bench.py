@@ -48,7 +48,7 @@ def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) 
     measured = format_bytes(edges["True"]["measured_peak_bytes"])
     assert f"{measured} with {edges['True']['order_edges']}" in readme
     corpus = json.loads((tmp_path / "corpus.json").read_text())["models"]
-    assert [m["name"] for m in corpus] == ["mobilenetv2"] and "error" not in corpus[0]
+    assert [m["name"] for m in corpus] == ["unet2d"] and "error" not in corpus[0]
     assert f"{len(corpus)} models; the least peak" in readme
 
 
