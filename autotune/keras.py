@@ -14,7 +14,9 @@ and hands `fit` its own step back. Validation, `evaluate` and `predict` are unto
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,7 @@ class SwapCallback(keras.callbacks.Callback):
             "seed": seed,
             "host_memory": host_memory,
             "safety_ratio": safety_ratio,
-            "out": out or tempfile.mkdtemp(prefix="autotune-keras-"),
+            "out": out or self._scratch(),
         }
         self.plan_path = plan
         self.verbose = verbose
@@ -62,6 +64,13 @@ class SwapCallback(keras.callbacks.Callback):
         self._keras_function: Any = None
         self._step: Any = None
         self._template: Any = None
+
+    def _scratch(self) -> str:
+        """A folder for the study when no `out` is given, removed with the callback (or at
+        exit): nothing could resume a study kept under a random name."""
+        path = tempfile.mkdtemp(prefix="autotune-keras-")
+        weakref.finalize(self, shutil.rmtree, path, True)
+        return path
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if getattr(self.model, "steps_per_execution", 1) not in (1, None):

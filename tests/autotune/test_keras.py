@@ -97,3 +97,14 @@ def test_a_saved_plan_trains_another_run_with_no_search(tmp_path: Path) -> None:
 def test_saving_before_training_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="after model.fit"):
         SwapCallback().save_plan(tmp_path / "plan.json")
+
+
+def test_a_callback_without_out_leaves_no_folder_behind() -> None:
+    import gc
+
+    cb = SwapCallback(gpu_memory="2MiB")
+    scratch = Path(cb.options["out"])
+    assert scratch.is_dir() and scratch.name.startswith("autotune-keras-")
+    del cb
+    gc.collect()
+    assert not scratch.exists()
