@@ -55,6 +55,45 @@ def test_a_plan_file_applies_in_a_fresh_process_without_a_search(tmp_path: Path)
     assert "saved for another graph" in got["refused"]
 
 
+SHIFTED = """
+import json, sys
+import numpy as np
+import autotune
+from autotune.planfile import _positions
+from autotune.run.measure import example_tensors
+from autotune.zoo import get_entry
+get_entry("tiny-transformer").build()  # takes names: this process's layers are named otherwise
+a, b = get_entry("tiny-cnn").build(), get_entry("tiny-cnn").build()
+kw = {"batch_size": 256}
+original = autotune.capture(a.model, loss=a.loss, optimizer=a.optimizer, **kw)
+tuned = autotune.rewrite(b.model, loss=b.loss, optimizer=b.optimizer, plan=sys.argv[1], **kw)
+where = _positions(autotune.capture(b.model, loss=b.loss, optimizer=b.optimizer, **kw).graph)
+inputs = example_tensors(original.specs, seed=7)
+same = bool(np.array_equal(original.concrete_function(*inputs).numpy(), tuned(*inputs).numpy()))
+state = zip([*a.model.weights, *a.optimizer.variables], [*b.model.weights, *b.optimizer.variables])
+same = same and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in state)
+swaps = tuned.plan.to_dict()["swaps"]
+print(json.dumps({"swaps": swaps, "at": [where[s["tensor"]] for s in swaps], "same": same}))
+"""
+
+
+def test_a_plan_file_applies_to_the_model_built_under_other_layer_names(tmp_path: Path) -> None:
+    # a notebook saves the plan, a script builds the model after others: conv2d_9, not conv2d
+    args = ("--model", "tiny-cnn", "--gpu-memory", "90MiB", "--quiet", "--trials", "6")
+    cli_json("fit", *args, "--batch-size", "256", "--out", str(tmp_path))
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    run = subprocess.run(
+        [sys.executable, "-c", SHIFTED, str(tmp_path / "plan.json")], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    theirs = saved["swaps"]
+    assert theirs and {s["tensor"] for s in got["swaps"]}.isdisjoint(s["tensor"] for s in theirs)
+    assert got["at"] == [saved["positions"][s["tensor"]] for s in theirs]
+    assert [s["nbytes"] for s in got["swaps"]] == [s["nbytes"] for s in theirs]
+    assert got["same"]  # and the renamed step trains bitwise like the original
+
+
 def test_a_file_that_is_no_plan_is_one_clear_error(tmp_path: Path) -> None:
     from autotune.planfile import load_plan
     from simulator import InvalidPlan
