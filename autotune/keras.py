@@ -77,6 +77,13 @@ class SwapCallback(keras.callbacks.Callback):
             raise UserError(
                 "SwapCallback runs one step per call: compile with steps_per_execution=1"
             )
+        strategy = getattr(self.model, "distribute_strategy", None)
+        replicas = getattr(strategy, "num_replicas_in_sync", 1)
+        if replicas > 1:
+            raise UserError(
+                f"SwapCallback does not run on {replicas} replicas ({type(strategy).__name__}) "
+                "yet: its step gets a batch per replica; train on one device"
+            )
         self._keras_function = self.model.train_function
         self.model.train_function = self._train_function
 

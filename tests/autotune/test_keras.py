@@ -108,3 +108,33 @@ def test_a_callback_without_out_leaves_no_folder_behind() -> None:
     del cb
     gc.collect()
     assert not scratch.exists()
+
+
+MIRRORED = """
+import numpy as np
+import autotune
+autotune.use_two_cpus()
+import keras, tensorflow as tf
+from autotune.keras import SwapCallback
+from simulator.errors import UserError
+with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+    inp = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(8, 3, activation="relu")(inp)
+    model = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(x)))
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+x, y = np.zeros((32, 16, 16, 3), "float32"), np.zeros((32,), "int32")
+try:
+    model.fit(x, y, batch_size=16, verbose=0, callbacks=[SwapCallback(gpu_memory="2MiB")])
+except UserError as err:
+    print("refused:", err)
+"""
+
+
+def test_a_model_on_two_replicas_is_refused_in_one_line() -> None:
+    # it crashed in the step with "'PerReplica' object has no attribute 'shape'" (issue 38)
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "refused: SwapCallback does not run on 2 replicas (MirroredStrategy)" in run.stdout
