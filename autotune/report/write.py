@@ -211,16 +211,37 @@ def _html(tuned: TuningResult, images: dict[str, Path]) -> str:
     import base64
     import html
 
-    parts = ["<!doctype html><meta charset='utf-8'><title>Swap tuning report</title>"]
+    parts = ["<!doctype html><meta charset='utf-8'><title>Swap tuning report</title>", _STYLE]
     parts.append("<h1>Swap tuning report</h1><ul>")
-    parts += [f"<li>{html.escape(line[2:])}</li>" for line in _facts(tuned)]
+    parts += [f"<li>{_inline(line[2:])}</li>" for line in _facts(tuned)]
     parts.append("</ul>")
     for title, table in _tables(tuned):
         parts += [f"<h2>{html.escape(title)}</h2>", table.to_html(index=False)]
     for name, png in images.items():
         data = base64.b64encode(png.read_bytes()).decode()
         parts.append(f"<h2>{TITLES.get(name, name)}</h2><img src='data:image/png;base64,{data}'>")
+    edges = _edges(tuned)
+    if edges:
+        parts.append(f"<h2>Order edges ({len(edges)})</h2><ul>")
+        parts += [f"<li>{_inline(line[2:])}</li>" for line in edges]
+        parts.append("</ul>")
     return "\n".join(parts) + "\n"
+
+
+_STYLE = (
+    "<style>body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;"
+    "padding:0 1rem;line-height:1.4}table{border-collapse:collapse;margin:.5rem 0}"
+    "th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}"
+    "code{background:#f3f3f3;padding:0 .2rem}img{max-width:100%}</style>"
+)
+
+
+def _inline(text: str) -> str:
+    """Markdown's inline code (`x`) as HTML, the rest escaped."""
+    import html
+    import re
+
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text))
 
 
 def _markdown(tuned: TuningResult, images: dict[str, Path]) -> str:
@@ -229,7 +250,15 @@ def _markdown(tuned: TuningResult, images: dict[str, Path]) -> str:
         lines += [f"## {title}", "", table.to_markdown(index=False), ""]
     for name, png in images.items():
         lines += [f"## {TITLES.get(name, name)}", "", f"![{name}]({png.name})", ""]
+    edges = _edges(tuned)
+    if edges:
+        lines += [f"## Order edges ({len(edges)})", "", *edges, ""]
     return "\n".join(lines)
+
+
+def _edges(tuned: TuningResult) -> list[str]:
+    """One bullet per order edge of the plan: which op waits for which."""
+    return [f"- `{after}` waits for `{before}`" for before, after in tuned.plan.order_edges]
 
 
 def _facts(tuned: TuningResult) -> list[str]:
@@ -244,7 +273,11 @@ def _facts(tuned: TuningResult) -> list[str]:
         f"{d['swapped_tensors']} tensors swapped, overhead {_x(d['predicted_overhead'])}",
         *_host_facts(d),
         f"- parameters: `{json.dumps(_short(d['params']))}`",
-        *(f"- order edge: `{after}` waits for `{before}`" for before, after in d["order_edges"]),
+        *(
+            [f"- order edges: {len(d['order_edges'])} (listed at the end)"]
+            if d["order_edges"]
+            else []
+        ),
         f"- tuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s, "
         f"{d['trials']} trials",
     ]
