@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from autotune.units import format_bytes
@@ -129,7 +128,7 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
             " is within the budget; the step is returned untouched"
         )
     else:
-        print(f"tuned        {json.dumps(_nonempty(d['params']))}")
+        print(f"tuned        {_params_line(d['params'])}")
         print(
             f"             peak {_sized(d['predicted_peak_bytes'])} (no swap "
             f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
@@ -150,7 +149,9 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
         print(f"\nverified: the tuned and the original step run on {tuned.verification.place}")
         print_verification(tuned.verification)
     print(f"\ntuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s")
-    print(f"report       {report}  (study {name!r}: resume by running the same command)")
+    html = report.with_suffix(".html")
+    print(f"report       {report} and {html.name} beside it")
+    print(f"study        {name!r}: resume it by running the same command")
 
 
 def _recomputed(d: dict[str, Any]) -> str:
@@ -186,3 +187,25 @@ def _times(value: float | None) -> str:
 
 def _nonempty(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v != []}
+
+
+def _params_line(params: dict[str, Any]) -> str:
+    """The plan's parameters as `name=value` pairs, sizes in units, those left at their
+    defaults (off, none, zero) left out; the full set is in --json and summary.json."""
+    from simulator.derive import PlanParams
+
+    default = PlanParams().to_dict()
+    shown = []
+    for k, v in _nonempty(params).items():
+        kept = (
+            "n_tensors",
+            "lb",
+            "ub",
+            *(("recompute_ops",) if params.get("recompute") != "none" else ()),
+        )
+        if v == default.get(k) and k not in kept:
+            continue
+        if k.endswith(("_bytes", "_limit")) and isinstance(v, int) and v:
+            v = format_bytes(v)
+        shown.append(f"{k}={'all' if k == 'n_tensors' and v == -1 else v}")
+    return " ".join(shown)
