@@ -45,6 +45,15 @@ __all__ = [
 GIB = float(1 << 30)
 
 
+def byte_unit(largest: float) -> tuple[float, str]:
+    """The unit to plot bytes in so that `largest` reads as a number of at least 1 where it
+    can: GiB, MiB or KiB (a 15 MB peak as 15 MiB, not 0.015 GiB)."""
+    for shift, name in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if largest >= 1 << shift:
+            return float(1 << shift), name
+    return 1.0, "B"
+
+
 @dataclass(frozen=True)
 class MemoryTimeline:
     """Device bytes per schedule step without and with the plan, host bytes with it."""
@@ -88,24 +97,26 @@ def render_memory_timeline(data: MemoryTimeline, title: str = "Device memory") -
     fig = Figure(figsize=(10, 6), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     x = np.arange(len(data.after))
-    top.plot(x, data.before / GIB, color="0.6", lw=1, label="no swapping (live)")
-    top.plot(x, data.after / GIB, color="C0", lw=1.2, label="with the plan (live)")
-    top.axhline(data.budget_bytes / GIB, color="C3", ls="--", label="budget")
-    top.axhline(data.lower_bound_bytes / GIB, color="C2", ls=":", label="lower bound")
-    top.axhline(data.peak_after / GIB, color="C0", ls="-.", lw=0.8, label="peak, allocator")
+    unit, name = byte_unit(max(data.peak_before, data.peak_after, data.budget_bytes))
+    top.plot(x, data.before / unit, color="0.6", lw=1, label="no swapping (live)")
+    top.plot(x, data.after / unit, color="C0", lw=1.2, label="with the plan (live)")
+    top.axhline(data.budget_bytes / unit, color="C3", ls="--", label="budget")
+    top.axhline(data.lower_bound_bytes / unit, color="C2", ls=":", label="lower bound")
+    top.axhline(data.peak_after / unit, color="C0", ls="-.", lw=0.8, label="peak, allocator")
     marks = top.get_ylim()[0]
     top.plot(data.swap_out_steps, np.full(len(data.swap_out_steps), marks), "v", ms=3,
              color="C1", label="swap-out")  # fmt: skip
     top.plot(data.swap_in_steps, np.full(len(data.swap_in_steps), marks), "^", ms=3,
              color="C4", label="swap-in")  # fmt: skip
-    top.set_ylabel("device memory (GiB)")
+    top.set_ylabel(f"device memory ({name})")
     top.set_title(
-        f"{title}: peak {data.peak_before / GIB:.2f} GiB without swapping, "
-        f"{data.peak_after / GIB:.2f} GiB with the plan"
+        f"{title}: peak {data.peak_before / unit:.2f} {name} without swapping, "
+        f"{data.peak_after / unit:.2f} {name} with the plan"
     )
     top.legend(loc="upper left", fontsize="small", ncols=2)
-    bottom.fill_between(x, data.host / GIB, color="C1", alpha=0.5, step="post")
-    bottom.set_ylabel("host (GiB)")
+    host_unit, host_name = byte_unit(float(np.max(data.host, initial=0)))
+    bottom.fill_between(x, data.host / host_unit, color="C1", alpha=0.5, step="post")
+    bottom.set_ylabel(f"host ({host_name})")
     bottom.set_xlabel("schedule step (op in execution order)")
     return fig
 
@@ -196,6 +207,7 @@ def render_search(study: Any) -> dict[str, Figure]:
                 continue
         fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
         fig.set_size_inches(8, 4.5)
+        fig.tight_layout()  # Optuna leaves long parameter names cut at the left edge
         out[name] = fig
     return out
 
@@ -249,13 +261,14 @@ def render_batch_curve(data: BatchCurve) -> Figure:
     timed = any(x is not None for x in data.overhead)
     fig = Figure(figsize=(8, 7.5 if timed else 4.5), layout="constrained")
     ax, *below = fig.subplots(2 if timed else 1, 1, sharex=True, squeeze=False)[:, 0]
-    ax.plot(data.batches, np.asarray(data.no_swap) / GIB, "o-", color="0.5", label="no swapping")
-    ax.plot(data.batches, np.asarray(data.tuned) / GIB, "o-", color="C0", label="tuned plan")
-    ax.axhline(data.budget_bytes / GIB, color="C3", ls="--", label="budget")
+    unit, name = byte_unit(data.budget_bytes)
+    ax.plot(data.batches, np.asarray(data.no_swap) / unit, "o-", color="0.5", label="no swapping")
+    ax.plot(data.batches, np.asarray(data.tuned) / unit, "o-", color="C0", label="tuned plan")
+    ax.axhline(data.budget_bytes / unit, color="C3", ls="--", label="budget")
     ax.axvline(data.max_no_swap, color="0.5", ls=":", label=f"largest, no swap: {data.max_no_swap}")
     ax.axvline(data.max_tuned, color="C0", ls=":", label=f"largest, tuned: {data.max_tuned}")
     ax.set_xlabel("batch size")
-    ax.set_ylabel("predicted peak (GiB)")
+    ax.set_ylabel(f"predicted peak ({name})")
     ax.set_title("Predicted peak against batch size")
     ax.legend(fontsize="small")
     if below:
@@ -313,7 +326,7 @@ def render_overhead_curves(curves: list[OverheadCurve]) -> Figure:
 
 
 def render_verification(verification: Any) -> Figure:
-    """Measured against predicted peak (GiB), without swapping and with the plan."""
+    """Measured against predicted peak, without swapping and with the plan."""
     from matplotlib.figure import Figure
 
     d = verification.to_dict()
@@ -323,10 +336,11 @@ def render_verification(verification: Any) -> Figure:
     fig = Figure(figsize=(7, 4), layout="constrained")
     ax = fig.subplots()
     x = np.arange(2)
-    ax.bar(x - 0.2, np.asarray(predicted) / GIB, 0.4, label="predicted", color="C0")
-    ax.bar(x + 0.2, np.asarray(measured) / GIB, 0.4, label="measured", color="C2")
+    unit, name = byte_unit(max(*predicted, *measured))
+    ax.bar(x - 0.2, np.asarray(predicted) / unit, 0.4, label="predicted", color="C0")
+    ax.bar(x + 0.2, np.asarray(measured) / unit, 0.4, label="measured", color="C2")
     ax.set_xticks(x, labels)
-    ax.set_ylabel("peak (GiB)")
+    ax.set_ylabel(f"peak ({name})")
     err = d.get("error_percent")
     note = f" (error {err:+.1f} %)" if err is not None else ""
     ax.set_title(f"Peak on {d['device']}: measured vs predicted{note}")

@@ -33,7 +33,15 @@ def test_memory_timeline_follows_the_traces(engine: Engine) -> None:
     assert set(data.swap_out_steps.tolist()) == outs
     assert data.host.max() == tuned.result.memory.host_peak_bytes
     fig = plots.render_memory_timeline(data)
-    assert fig.axes[0].get_ylabel() == "device memory (GiB)"
+    assert 1024 <= max(data.peak_before, 4096) < 1 << 20  # a budget of 4 KiB: read in KiB
+    assert fig.axes[0].get_ylabel() == "device memory (KiB)"
+
+
+def test_bytes_are_plotted_in_the_unit_that_reads_as_a_number() -> None:
+    # a 15 MB peak as 14.3 MiB, not 0.014 GiB
+    assert plots.byte_unit(15e6) == (float(1 << 20), "MiB")
+    assert plots.byte_unit(3 * 2.0**30) == (float(1 << 30), "GiB")
+    assert plots.byte_unit(4096) == (1024.0, "KiB") and plots.byte_unit(512) == (1.0, "B")
 
 
 def test_time_view_streams_add_up_to_the_step(engine: Engine) -> None:
@@ -82,3 +90,21 @@ def test_verification_plot_draws_both_peaks() -> None:
     fig = plots.render_verification(V())
     heights = sorted(p.get_height() for p in fig.axes[0].patches)
     assert np.allclose(heights, [2, 3, 5, 5])
+
+
+def test_the_parameter_importances_show_their_labels_whole() -> None:
+    # "efetch_share" and "mpute_heavy" were cut at the figure's left edge
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(
+        lambda t: t.suggest_float("prefetch_share", 0, 1) + t.suggest_int("recompute_heavy", 0, 3),
+        n_trials=12,
+    )
+    fig = plots.render_search(study)["param_importances"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    labels = [t for ax in fig.axes for t in ax.get_yticklabels() if t.get_text()]
+    assert {t.get_text() for t in labels} >= {"prefetch_share", "recompute_heavy"}
+    assert all(t.get_window_extent(renderer).x0 >= 0 for t in labels)
