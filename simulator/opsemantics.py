@@ -12,14 +12,12 @@ from simulator.graph import Graph
 __all__ = [
     "RECOMPUTABLE",
     "RECOMPUTABLE_HEAVY",
-    "REGROUPABLE",
     "SHAPE_ONLY",
     "assignment",
     "forwards",
     "fused_together",
     "inline_kernel",
     "inplace_inputs",
-    "regroupable_ops",
     "scratch_bytes",
 ]
 
@@ -127,15 +125,6 @@ RECOMPUTABLE_HEAVY = frozenset(
         "BatchMatMulV3",
     }
 )
-
-#: Op types that Grappler regroups: its arithmetic optimizer sums a tree of adds as one AddN
-#: (AddOpsRewrite) and reorders chains of adds and products (MinimizeBroadcasts); its constant
-#: folding pushes a constant down a sum or difference of a sum or difference, or a product or
-#: quotient of a product or quotient (ConstantPushDown). Both skip a node driven by or driving a
-#: control dependency.
-_SUMS = frozenset({"Add", "AddV2", "AddN", "Sub"})
-_PRODUCTS = frozenset({"Mul", "Div", "RealDiv"})
-REGROUPABLE = _SUMS | _PRODUCTS
 
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.
 SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank"})
@@ -248,29 +237,6 @@ def unswappable_ops(graph: Graph) -> frozenset[str]:
         and any(graph.tensors[t].producer in folded for t in op.inputs)
     )
     return folded | frozenset(with_constant)
-
-
-def regroupable_ops(graph: Graph) -> frozenset[str]:
-    """Sums and products Grappler may rewrite as one group (`REGROUPABLE`): one whose only
-    reader is an op of its kind (a sum of a sum, a product of a product), and that reader. A
-    control edge into or out of either keeps the group as it is, so the step rounds otherwise
-    than the original: a plan gives them none (no trigger, no waiter, no order edge). Seen:
-    MobileNetV2's residual sum `(x*s + b) + skip`, summed as `AddN(skip, x*s) + b`, summed in
-    order once a synchronized swap-out made it wait; a ViT's GELU output times its dropout's
-    scale, `(erfc * x/2) * c` computed as `x/2 * (erfc * c)`, in order once it waited."""
-    out: set[str] = set()
-    for name, op in graph.ops.items():
-        if op.type not in REGROUPABLE:
-            continue
-        readers = {c for t in op.outputs for c in graph.tensors[t].consumers}
-        if len(readers) == 1 and _kind(graph.ops[next(iter(readers))].type) == _kind(op.type):
-            out |= {name, *readers}
-    return frozenset(out)
-
-
-def _kind(op_type: str) -> str:
-    """Which of Grappler's groups an op joins: sums with sums, products with products."""
-    return "product" if op_type in _PRODUCTS else "sum" if op_type in _SUMS else ""
 
 
 def _stateful(op_type: str) -> bool:

@@ -37,7 +37,6 @@ from collections.abc import Callable, Mapping
 
 from simulator.graph import Graph, GraphError
 from simulator.memory import SimResult
-from simulator.opsemantics import regroupable_ops
 from simulator.order import Order
 
 __all__ = ["Edge", "deferral_edges", "feeder_edges", "find_order_edges", "grouped"]
@@ -64,18 +63,14 @@ def find_order_edges(
     backward-pass schedule never holds up the forward pass; `largest` caps the tensors live
     at the peak that are paired. `together` maps an op to the ops run as one kernel with it:
     an edge into or out of one is added for each of them.
-    No edge touches an op Grappler may regroup (`opsemantics.regroupable_ops`).
     """
     edges: list[Edge] = []
     current = graph
     result, order = peak_of(current)
-    fixed = regroupable_ops(graph)
     for _ in range(rounds):
         best: tuple[int, tuple[Edge, ...], Graph, SimResult, Order] | None = None
         for edge in _candidates(current, result, order, start_level, largest):
             group = grouped(edge, together or {})
-            if fixed.intersection(n for e in group for n in e):
-                continue
             trial = current.with_control_edges(group)
             try:
                 r, o = peak_of(trial)
@@ -93,8 +88,7 @@ def find_order_edges(
 def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
     """Edges `(source, op)` for each op with device outputs that reads only buffers held from
     the start of the step: `source` is the latest (in `order`) other input of its first
-    reader, when it comes later than the op. See the module's docstring. No edge touches an op
-    Grappler may regroup (`opsemantics.regroupable_ops`).
+    reader, when it comes later than the op. See the module's docstring.
 
     Each deferred op takes the place right after its source in `order`; an op whose input is
     made by an op deferred past that place stays where it is. Every edge then runs forward in
@@ -103,11 +97,8 @@ def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
     pos = order.position
     at: dict[str, float] = {}  # a deferred op's place: after its source, in the original order
     out: list[Edge] = []
-    fixed = regroupable_ops(graph)
     for name in order.ops:
         op = graph.ops[name]
-        if name in fixed:
-            continue
         made = [graph.tensors[t] for j, t in enumerate(op.outputs) if j not in op.forwards]
         if not op.inputs or not any(t.nbytes and t.kind.on_device for t in made):
             continue
@@ -117,7 +108,7 @@ def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
         if not readers:
             continue
         first = min(readers, key=pos.__getitem__)
-        others = (p for p in graph.predecessors(first) if p != name and p not in fixed)
+        others = (p for p in graph.predecessors(first) if p != name)
         source = max(others, key=pos.__getitem__, default=None)
         if source is None or pos[source] < pos[name]:
             continue
@@ -131,8 +122,7 @@ def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
 def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[Edge, ...]:
     """Edges `(source, op)` for each op of `feeders` (ops whose outputs only the backward
     pass reads, computed from forward tensors): `source` is the latest non-feeder input of
-    the first non-feeder op the feeder's outputs reach, when it comes later than the op. No
-    edge touches an op Grappler may regroup (`opsemantics.regroupable_ops`).
+    the first non-feeder op the feeder's outputs reach, when it comes later than the op.
 
     No cycle: a feeder reaches a non-feeder only through feeders, at that first op or later,
     and its source precedes that op; so along any cycle the non-feeders' positions in `order`
@@ -150,12 +140,11 @@ def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[E
             if known:
                 deadline[name] = min(known, key=pos.__getitem__)
     out: list[Edge] = []
-    fixed = regroupable_ops(graph)
     for name in order.ops:
         end = deadline.get(name)
-        if end is None or name in fixed:
+        if end is None:
             continue
-        others = [p for p in graph.predecessors(end) if p not in feeders and p not in fixed]
+        others = [p for p in graph.predecessors(end) if p not in feeders]
         source = max(others, key=pos.__getitem__, default=None)
         if source is not None and pos[source] > pos[name]:
             out.append((source, name))
