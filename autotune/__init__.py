@@ -10,6 +10,9 @@ tf.function step with example args, or a Keras model with `loss=`, `optimizer=` 
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from autotune.actions import fit, measure, rewrite, use_two_cpus, verify
 from autotune.api import Simulation, capture, simulate
 from autotune.run.measure import Measurement, MeasurementError, prepare_measurement
@@ -34,3 +37,10 @@ __all__ = [
     "use_two_cpus",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`autotune.keras` (SwapCallback) on first use: it imports Keras, and so TensorFlow."""
+    if name == "keras":
+        return importlib.import_module("autotune.keras")
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -138,3 +138,13 @@ def test_a_model_on_two_replicas_is_refused_in_one_line() -> None:
     run = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "refused: SwapCallback does not run on 2 replicas (MirroredStrategy)" in run.stdout
+
+
+def test_the_callback_is_reachable_from_the_package() -> None:
+    # `import autotune; autotune.keras.SwapCallback` raised AttributeError (issue 39)
+    import subprocess
+    import sys
+
+    code = "import autotune; print(autotune.keras.SwapCallback.__name__)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.split()[-1] == "SwapCallback", run.stderr[-2000:]
