@@ -12,13 +12,13 @@ __all__ = ["DEVICE_ALLOCS", "Event", "EventKind", "Row", "Trace"]
 
 
 class EventKind(IntEnum):
-    """What happened to device or host memory at one step of the schedule."""
+    """What happened to device or host memory at one step of the schedule (waits for copies
+    are the time model's, `simulator.timing`, not memory events)."""
 
     ALLOC = 0
     FREE = 1
     SWAP_OUT = 2
     SWAP_IN = 3
-    STALL = 4
     HOST_FREE = 5
     RECOMPUTE = 6
 
