@@ -42,7 +42,12 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
     print(f"model        {args.model}, batch {args.batch_size}, on {where}")
     print(f"ops          {len(sim.graph.ops)} in {r.order.n_levels} levels")
     print(f"persistent   {_sized(r.persistent_bytes)}  (weights, optimizer slots, input batch)")
-    print(f"peak         {_sized(r.peak_bytes)}  (BFC allocator model)")
+    print(f"peak         {_sized(r.peak_bytes)}  (BFC allocator model, {sim.schedule} order)")
+    if preset is None and sim.schedule != "categorized":
+        print(
+            "             (the step as this CPU runs it; to size a GPU budget, simulate with "
+            "--device: fit plans in the categorized order)"
+        )
     if sim.order_peaks:
         low, high = format_bytes(sim.order_peaks[0]), format_bytes(sim.order_peaks[-1])
         print(f"  orders     median of {len(sim.order_peaks)} executor orders: {low} to {high}")
@@ -130,7 +135,7 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
     else:
         print(f"tuned        {_params_line(d['params'])}")
         print(
-            f"             peak {_sized(d['predicted_peak_bytes'])} (no swap "
+            f"             peak {_sized(d['predicted_peak_bytes'])} (no swap, categorized order: "
             f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
             f"{d['swapped_tensors']} tensors swapped{_recomputed(d)}"
         )

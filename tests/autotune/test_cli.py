@@ -89,6 +89,12 @@ def test_simulate_prints_units() -> None:
     assert out.returncode == 0, out.stderr
     assert "MiB" in out.stdout and " B)" in out.stdout and "level" in out.stdout
     assert "InitializeLog" not in out.stderr and "oneDNN" not in out.stderr  # TF's start-up
+    # which peak this is: the step as this CPU runs it, not the order fit plans a GPU in
+    assert "(BFC allocator model, executor order)" in out.stdout
+    assert "to size a GPU budget, simulate with --device" in out.stdout
+    out = run_cli("simulate", "--model", "tiny-cnn", "--batch-size", "4", "--device",
+                  "v100-16gb-nvlink2")  # fmt: skip
+    assert "(BFC allocator model, categorized order)" in out.stdout
 
 
 _WITHOUT_TENSORFLOW = """
