@@ -104,3 +104,23 @@ def test_a_file_that_is_no_plan_is_one_clear_error(tmp_path: Path) -> None:
         load_plan(bad)
     with pytest.raises(InvalidPlan, match="cannot read plan file"):
         load_plan(tmp_path / "missing.json")
+
+
+def test_a_plan_saved_in_this_process_applies_to_the_model_built_again(tmp_path: Path) -> None:
+    import autotune
+    from autotune.zoo import get_entry
+    from simulator import InvalidPlan
+
+    first = get_entry("tiny-cnn").build()
+    kw = {"loss": first.loss, "optimizer": first.optimizer, "batch_size": 256}
+    tuned = autotune.fit(first.model, gpu_memory="90MiB", trials=6, out=tmp_path, **kw)
+    path = tuned.save_plan(tmp_path / "plan.json")
+    again = get_entry("tiny-cnn").build()  # the same model, its layers named conv2d_N now
+    kw = {"loss": again.loss, "optimizer": again.optimizer, "batch_size": 256}
+    step = autotune.rewrite(again.model, plan=path, **kw)
+    assert [s.nbytes for s in step.plan.swaps] == [s.nbytes for s in tuned.plan.swaps]
+    assert {s.tensor for s in step.plan.swaps}.isdisjoint(s.tensor for s in tuned.plan.swaps)
+    other = get_entry("tiny-transformer").build()
+    with pytest.raises(InvalidPlan, match="saved for another graph"):
+        autotune.rewrite(other.model, loss=other.loss, optimizer=other.optimizer, batch_size=4,
+                         plan=path)  # fmt: skip
