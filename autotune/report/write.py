@@ -151,6 +151,13 @@ TITLES = {
     "verification": "Measured against predicted",
 }
 
+#: What a plot's marks mean, where the plot itself does not say
+CAPTIONS = {
+    "optimization_history": "Each point is one trial's predicted step time; grey points are "
+    "trials whose plan did not fit the budget (device or host memory), the red line the best "
+    "plan that fits so far.",
+}
+
 
 def verification_table(tuned: TuningResult) -> pd.DataFrame | None:
     """Measured against predicted peak (MiB) and measured step time, tuned and original; None
@@ -220,6 +227,8 @@ def _html(tuned: TuningResult, images: dict[str, Path]) -> str:
     for name, png in images.items():
         data = base64.b64encode(png.read_bytes()).decode()
         parts.append(f"<h2>{TITLES.get(name, name)}</h2><img src='data:image/png;base64,{data}'>")
+        if name in CAPTIONS:
+            parts.append(f"<p>{html.escape(CAPTIONS[name])}</p>")
     edges = _edges(tuned)
     if edges:
         parts.append(f"<h2>Order edges ({len(edges)})</h2><ul>")
@@ -250,6 +259,7 @@ def _markdown(tuned: TuningResult, images: dict[str, Path]) -> str:
         lines += [f"## {title}", "", table.to_markdown(index=False), ""]
     for name, png in images.items():
         lines += [f"## {TITLES.get(name, name)}", "", f"![{name}]({png.name})", ""]
+        lines += [CAPTIONS[name], ""] if name in CAPTIONS else []
     edges = _edges(tuned)
     if edges:
         lines += [f"## Order edges ({len(edges)})", "", *edges, ""]

@@ -84,6 +84,10 @@ def test_fit_a_keras_model_and_write_its_report(tmp_path) -> None:  # type: igno
     assert "original auto-tuner" in report.read_text()
     html = (report.parent / "report.html").read_text()
     assert html.count("data:image/png;base64,") == len(plots) and "<table" in html
+    # the history's grey points are the trials whose plan did not fit: said under the plot
+    history = report.read_text().split("## Search: optimization history")[1].split("##")[0]
+    assert "grey points are trials whose plan did not fit the budget" in history
+    assert "grey points are trials whose plan did not fit the budget" in html
 
 
 def test_a_budget_that_fits_without_swapping_returns_the_untouched_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
