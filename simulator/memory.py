@@ -309,7 +309,7 @@ class _Walk:
             held: frozenset[int] = frozenset()
             if planned[p]:
                 self._host_events(p, program.host_out.get(p, ()), _SWAP_OUT, 1)
-                held = self._chain_inputs(p, buf)
+                held = self._chain_inputs(p)
             waiting = frees[p]
             if waiting is not None:
                 for b in waiting:
@@ -318,15 +318,14 @@ class _Walk:
                         free(p, b, sizes[b])
             if planned[p]:
                 self._plan_in(p, held)
-        self.buf = buf
 
-    def _chain_inputs(self, p: int, buf: list[int]) -> frozenset[int]:
+    def _chain_inputs(self, p: int) -> frozenset[int]:
         """The buffers that the chains re-run after step `p` read (recompute events of sign
         0): those whose last use is `p` are freed after the chains, not before."""
         events = self.program.recomputes.get(p, ())
-        return frozenset(buf[t] for t, _, sign in events if sign == 0)
+        return frozenset(self.buf[t] for t, _, sign in events if sign == 0)
 
-    def _plan_in(self, p: int, held: frozenset[int] = frozenset()) -> None:
+    def _plan_in(self, p: int, held: frozenset[int]) -> None:
         """Swap-ins the op at step `p` triggers, once the inputs it was the last to read are
         freed, then the ops it triggers to re-run (the buffers `held` for them freed after
         their last reader among them, when `p` is their last use), then the host copies

@@ -28,9 +28,8 @@ def lower_plan(
 ) -> Program:
     """`program` with `plan` applied; `release` gives, per tensor, the step by which its copy to
     the host has finished (from the time model). Raise InvalidPlan for a plan that cannot run."""
-    lowered = _Lowering(program)
     reads = Counter(n for rc in plan.recomputes for n in rc.reads(graph))
-    lowered.shared = frozenset(n for n, k in reads.items() if k > 1)
+    lowered = _Lowering(program, frozenset(n for n, k in reads.items() if k > 1))
     seen: set[str] = set()
     for swap in plan.swaps:
         if swap.tensor in seen:
@@ -48,7 +47,7 @@ def lower_plan(
 class _Lowering:
     """Copies of the program's lists, edited swap by swap."""
 
-    def __init__(self, program: Program) -> None:
+    def __init__(self, program: Program, shared: frozenset[str] = frozenset()) -> None:
         self.base = program
         self.steps = list(program.steps)
         self.last = list(program.last_use)
@@ -61,7 +60,7 @@ class _Lowering:
         self.extended: list[int] = []  # steps to which a chain's input now lives
         self._recomputed: list[str] = []
         #: tensors more than one recompute reads: never written into by a chain
-        self.shared: frozenset[str] = frozenset()
+        self.shared = shared
         #: (swapped tensor, k) -> the id of swap-in k's copy and the step it is placed at
         self.copies: dict[tuple[str, int], tuple[int, int]] = {}
 
