@@ -96,7 +96,7 @@ def verify(
 
     options, params = _split(options)
     captured = capture(step, *example_args, **options)
-    return verify_captured(captured, params, steps=steps, dry_run=dry_run, device=device)
+    return verify_captured(captured, params, steps=steps, dry_run=dry_run, preset=device)
 
 
 def use_two_cpus() -> None:

@@ -55,13 +55,14 @@ class SavedPlan:
         return plan_for(captured, self.params)
 
     def _renamed(self, graph: Graph) -> SwapPlan:
-        if not self.structure or structure_fingerprint(graph) != self.structure:
+        positions = _positions(graph)
+        if not self.structure or _structure(graph, positions) != self.structure:
             raise InvalidPlan(
                 f"the plan was saved for another graph (fingerprint {self.fingerprint}, this "
                 f"step's is {graph.fingerprint()}): tune this step, or capture the step the "
                 "plan was tuned for"
             )
-        names = {pos: name for name, pos in _positions(graph).items()}
+        names = {pos: name for name, pos in positions.items()}
         mapping = {old: names[pos] for old, pos in self.positions.items()}
         return SwapPlan.from_dict(_rename(self.plan.to_dict(), mapping))
 
@@ -75,19 +76,18 @@ def plan_document(plan: SwapPlan, captured: Captured, batch_size: int | None) ->
         "format": FORMAT,
         "versions": _versions(),
         "graph_fingerprint": graph.fingerprint(),
-        "structure_fingerprint": structure_fingerprint(graph),
+        "structure_fingerprint": _structure(graph, positions),
         "batch_size": batch_size,
         **body,
         "positions": {n: positions[n] for n in _strings(body) if n in positions},
     }
 
 
-def structure_fingerprint(graph: Graph) -> str:
+def _structure(graph: Graph, positions: dict[str, str]) -> str:
     """A digest of the graph's op types and edges without its names: ops in the graph's order,
-    each input as the position of its producer and output."""
+    each input as the position (`_positions`) of its producer and output."""
     import hashlib
 
-    positions = _positions(graph)
     digest = hashlib.sha256()
     for op in graph.ops.values():
         inputs = [positions[t] for t in op.inputs]

@@ -41,10 +41,18 @@ class Member:
     """A corpus model: its zoo name, how its size is searched, and its small variant."""
 
     name: str
-    cube_step: int = 0  # > 0: a volumetric model, searched on its cube edge in these steps
     capture_batches: tuple[int, int] = (4, 8)
     small: dict[str, Any] = field(default_factory=dict)
     small_size: int = 2  # the small variant's batch (or cube edge)
+
+    @property
+    def cube_step(self) -> int:
+        """The zoo entry's cube step for a volumetric model (searched on its cube edge in
+        these steps), else 0."""
+        from autotune.zoo import get_entry
+
+        entry = get_entry(self.name)
+        return entry.cube_step if entry.default_cube else 0
 
     @property
     def unit(self) -> str:
@@ -76,8 +84,8 @@ CORPUS = (
     Member("transformer-base", capture_batches=_TEXT, small={"source": 16, "target": 16,
                                                              "vocab": 100, **_SMALL_TEXT}),
     Member("unet2d", small={"side": 32, "filters": 8, "depth": 3}),
-    Member("unet3d", cube_step=8, small={"filters": (4, 8, 16, 32)}, small_size=16),
-    Member("unet3d-isensee2017", cube_step=16, small={"base_filters": 4}, small_size=16),
+    Member("unet3d", small={"filters": (4, 8, 16, 32)}, small_size=16),
+    Member("unet3d-isensee2017", small={"base_filters": 4}, small_size=16),
 )  # fmt: skip
 
 
@@ -132,17 +140,13 @@ def measure_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
 def _steps(m: Member, preset: Any) -> Any:
     from autotune.api import capture
     from autotune.search.batching import CapturedSteps, StepFamily
+    from autotune.search.cubes import cube_capturer
     from autotune.zoo import get_entry
     from simulator.scaling import ScalingError
 
     entry = get_entry(m.name)
     if m.cube_step:
-
-        def at_cube(k: int) -> Any:
-            zm = entry.build(cube=m.cube_step * k)
-            return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=1)
-
-        return CapturedSteps(at_cube, preset)
+        return CapturedSteps(cube_capturer(lambda e: entry.build(cube=e), m.cube_step, 1), preset)
     zm = entry.build()
 
     def at(b: int) -> Any:

@@ -129,7 +129,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     captured = _capture_zoo(args)
     v = verify_captured(
         captured, params, steps=args.steps, dry_run=dry_run, memory_bytes=args.gpu_memory,
-        device=args.device,
+        preset=args.device,
     )  # fmt: skip
     out = {
         "model": args.model,
@@ -211,13 +211,10 @@ def _fit_max_cube(args: argparse.Namespace, preset: Any, budget: Any, opts: dict
         cubes = ", ".join(e.name for e in ZOO.values() if e.default_cube)
         raise UsageError(f"--max-cube needs a volumetric zoo model ({cubes}), not {args.model!r}")
 
-    def build(edge: int) -> tuple[Any, Any, Any]:
-        zm = entry.build(cube=edge)
-        return zm.model, zm.loss, zm.optimizer
-
     return fit_max_cube(
-        build, entry.cube_step, preset, budget, batch_size=args.batch_size or 1, **opts
-    )
+        lambda edge: entry.build(cube=edge), entry.cube_step, preset, budget,
+        batch_size=args.batch_size or 1, **opts,
+    )  # fmt: skip
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -144,7 +144,7 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
     _print_host(d)
     batches = batches_table(tuned)
     if batches is not None:
-        size = "cube edge" if tuned.cube_step else "batch"
+        size = tuned.size_name
         print(f"\nlargest {size} that fits, per method:")
         print(batches.to_string(index=False))
         print(f"limited by   {d['max_batch_limited_by']} (at the next {size} up, tuned)")
@@ -200,14 +200,11 @@ def _params_line(params: dict[str, Any]) -> str:
     from simulator.derive import PlanParams
 
     default = PlanParams().to_dict()
+    kept = {"n_tensors", "lb", "ub"} | (
+        {"recompute_ops"} if params.get("recompute") != "none" else set()
+    )
     shown = []
     for k, v in _nonempty(params).items():
-        kept = (
-            "n_tensors",
-            "lb",
-            "ub",
-            *(("recompute_ops",) if params.get("recompute") != "none" else ()),
-        )
         if v == default.get(k) and k not in kept:
             continue
         if k.endswith(("_bytes", "_limit")) and isinstance(v, int) and v:

@@ -206,8 +206,7 @@ def _tables(tuned: TuningResult) -> list[tuple[str, pd.DataFrame]]:
     ]
     batches = batches_table(tuned)
     if batches is not None:
-        size = "cube edge" if tuned.cube_step else "batch"
-        out.append((f"Largest {size} per method", batches))
+        out.append((f"Largest {tuned.size_name} per method", batches))
     verified = verification_table(tuned)
     if verified is not None:
         out.append((f"Measured on {tuned.verification.place} against predicted", verified))

@@ -188,14 +188,14 @@ def verify_captured(
     steps: int = 3,
     dry_run: bool = False,
     memory_bytes: int | None = None,
-    device: str | DevicePreset | None = None,
+    preset: str | DevicePreset | None = None,
 ) -> Verification:
     """Run the tuned and the original step `steps` times after a warm-up each; compare. On a
     GPU, check that every swap-in waits for its trigger (`autotune.run.gating`); on the CPU with
     `dry_run`, check the same on the GPU form of the step run on two logical CPUs
     (`use_two_cpus` must have run before TensorFlow started). With `memory_bytes` (the device
     memory tuned for), the verification says whether the measured peak fits it; parameters
-    give the plan they give `fit` on `device` (`plan_for`)."""
+    give the plan they give `fit` for `preset` (`plan_for`)."""
     import tensorflow as tf
 
     from autotune.run.measure import _check_setup, current_device, example_tensors
@@ -203,7 +203,7 @@ def verify_captured(
     _check_setup(tf)
     # the schedule is pinned so that the run follows the order the plan was simulated in; the
     # pinned step matches the original to rounding (see rewriter.apply), which verify does not need
-    tuned = rewrite_captured(captured, plan, device, pin_order=True)
+    tuned = rewrite_captured(captured, plan, preset, pin_order=True)
     inputs = example_tensors(captured.specs)
     device = current_device()
     executed, gating = _first_call(tuned, inputs)

@@ -133,16 +133,22 @@ class CapturedSteps:
     capture_at: Callable[[int], Captured]
     device: DevicePreset | None
     trace_seconds: float = 0.0
+    _captures: dict[int, Captured] = field(default_factory=dict)
     _engines: dict[int, Engine] = field(default_factory=dict)
     _shared: dict[str, Any] = field(default_factory=dict)
+
+    def captured(self, n: int) -> Captured:
+        """The step captured at size `n` (once)."""
+        if n not in self._captures:
+            cap = self._captures[n] = self.capture_at(n)
+            self.trace_seconds += cap.trace_seconds
+        return self._captures[n]
 
     def engine(self, n: int) -> Engine:
         if n not in self._engines:
             from autotune.api import build_engine
 
-            cap = self.capture_at(n)
-            self.trace_seconds += cap.trace_seconds
-            self._engines[n] = build_engine(cap, self.device, shared=self._shared)
+            self._engines[n] = build_engine(self.captured(n), self.device, shared=self._shared)
         return self._engines[n]
 
     def lower_bound(self, n: int) -> int:

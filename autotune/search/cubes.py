@@ -24,10 +24,11 @@ from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
 from simulator import DevicePreset
 
-__all__ = ["fit_max_cube"]
+__all__ = ["cube_capturer", "fit_max_cube"]
 
-#: (model, loss, optimizer) of the volumetric model at a cube edge
-Builder = Callable[[int], tuple[Any, Any, Any]]
+#: the volumetric model at a cube edge: an object with `model`, `loss` and `optimizer` (a
+#: zoo entry's `build(cube=edge)`)
+Builder = Callable[[int], Any]
 
 
 def fit_max_cube(
@@ -52,7 +53,7 @@ def fit_max_cube(
     from autotune.search.tuning import check_budget, tune_captured
 
     bars = Progress(progress)
-    steps = CapturedSteps(_capturer(build, cube_step, batch_size), preset)
+    steps = CapturedSteps(cube_capturer(build, cube_step, batch_size), preset)
     searches = largest_batches(
         steps, budget, trials=trials, seed=seed, methods=("ours",),
         on_probe=lambda method, k: bars.stage(f"{method}: cube {k * cube_step}"),
@@ -67,7 +68,7 @@ def fit_max_cube(
         )
     edge = best * cube_step
     bars.stage(f"tracing at cube {edge}")
-    captured = steps.capture_at(best)
+    captured = steps.captured(best)
     name = study or study_name(
         "step", f"cube{edge}x{batch_size}", preset.name, budget.bytes, budget.host_bytes,
         recompute,
@@ -80,16 +81,19 @@ def fit_max_cube(
     )  # fmt: skip
     tuned.batches = {m: _in_edges(s, cube_step) for m, s in searches.items()}
     tuned.cube_step = cube_step
-    tuned.trace_seconds += steps.trace_seconds
+    tuned.trace_seconds = steps.trace_seconds  # every edge's capture, the tuned one's too
     return tuned.check_fits()
 
 
-def _capturer(build: Builder, cube_step: int, batch_size: int) -> Callable[[int], Captured]:
+def cube_capturer(build: Builder, cube_step: int, batch_size: int) -> Callable[[int], Captured]:
+    """capture(k): the step of `build`'s model at cube edge k x `cube_step`, at `batch_size`."""
     from autotune.api import capture
 
     def at(k: int) -> Captured:
-        model, loss, optimizer = build(k * cube_step)
-        return capture(model, loss=loss, optimizer=optimizer, batch_size=batch_size)
+        built = build(k * cube_step)
+        return capture(
+            built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch_size
+        )
 
     return at
 

@@ -59,6 +59,11 @@ class TuningResult:
     _at: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
+    def size_name(self) -> str:
+        """What the largest-size search varied: "batch", or "cube edge" (`cube_step`)."""
+        return "cube edge" if self.cube_step else "batch"
+
+    @property
     def fits_without_swapping(self) -> bool:
         return self.budget.admits(self.baseline)
 
