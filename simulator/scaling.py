@@ -11,7 +11,8 @@ refused because its gradient graph differs (some reduction indices are folded th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor
@@ -19,6 +20,10 @@ from simulator.graph import Graph, Op, Tensor
 __all__ = ["BatchFamily", "ScalingError", "affine_costs"]
 
 MIN_BATCH = 2
+
+#: the name TensorFlow gives a value a nested function captured without a name: a scope and a
+#: process-wide counter (`ops.uid()`), different in every capture
+_UID_NAME = re.compile(r"(.*/)?\d+")
 
 
 class ScalingError(UserError):
@@ -46,6 +51,7 @@ class BatchFamily:
         """The family through two captures; ScalingError naming what differs if there is none."""
         if min(a, b) < MIN_BATCH or a == b:
             raise ScalingError(f"need two different batch sizes of at least 2, got {a} and {b}")
+        graph_b = _renamed(graph_b, _uid_names(graph_a, graph_b))
         _same_structure(graph_a, graph_b)
         steps = b - a
         slopes = {
@@ -95,10 +101,54 @@ def _copy_op(op: Op, scratch: int) -> Op:
     )
 
 
-def _same_structure(ga: Graph, gb: Graph) -> None:
-    if list(ga.ops) != list(gb.ops):
+def _uid_names(ga: Graph, gb: Graph) -> dict[str, str]:
+    """Names of `gb`'s placeholders that differ from `ga`'s at the same place only in
+    TensorFlow's counter, mapped to `ga`'s; ScalingError if other ops differ."""
+    mapping = {}
+    if len(ga.ops) == len(gb.ops):
+        for a, b in zip(ga.ops.values(), gb.ops.values()):
+            if a.name != b.name and _counter_twins(a, b):
+                mapping[b.name] = a.name
+    if set(ga.ops) != set(mapping.get(n, n) for n in gb.ops):
         missing = sorted(set(ga.ops) ^ set(gb.ops))[:3]
         raise ScalingError(f"the two captures have different ops (e.g. {missing})")
+    return mapping
+
+
+def _counter_twins(a: Op, b: Op) -> bool:
+    ma, mb = _UID_NAME.fullmatch(a.name), _UID_NAME.fullmatch(b.name)
+    same_scope = ma is not None and mb is not None and ma.group(1) == mb.group(1)
+    return same_scope and a.type == b.type == "Placeholder"
+
+
+def _renamed(graph: Graph, mapping: dict[str, str]) -> Graph:
+    """`graph` with the ops of `mapping` renamed (and their tensors, `op:i`)."""
+    if not mapping:
+        return graph
+
+    def tensor(name: str) -> str:
+        op, _, index = name.rpartition(":")
+        return f"{mapping[op]}:{index}" if op in mapping else name
+
+    out = Graph(graph.name)
+    out.functions = list(graph.functions)
+    for op in graph.ops.values():
+        new = replace(
+            op,
+            name=mapping.get(op.name, op.name),
+            inputs=[tensor(n) for n in op.inputs],
+            outputs=[tensor(n) for n in op.outputs],
+            control_inputs=[mapping.get(n, n) for n in op.control_inputs],
+        )
+        tensors = [replace(graph.tensors[n], name=tensor(n), consumers=[]) for n in op.outputs]
+        out.add_op(new, tensors)
+    out.mark_outputs([tensor(n) for n in graph.outputs])
+    return out
+
+
+def _same_structure(ga: Graph, gb: Graph) -> None:
+    if list(ga.ops) != list(gb.ops):
+        raise ScalingError("the two captures have their ops in different orders")
     for name, op in ga.ops.items():
         other = gb.ops[name]
         same = (op.type, op.inputs, op.outputs, op.forwards, op.inplace) == (

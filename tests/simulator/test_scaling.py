@@ -5,11 +5,12 @@ from simulator.scaling import BatchFamily, ScalingError, affine_costs
 from tests.simulator.builders import add
 
 
-def step_at(batch: int, *, extra: bool = False) -> Graph:
+def step_at(batch: int, *, extra: bool = False, handle: str = "w") -> Graph:
     """A tiny training step whose activations grow with the batch and weights do not."""
     g = Graph("step")
     x = add(g, "x", [], batch * 48, type="Placeholder", kind=TensorKind.INPUT)
-    w = add(g, "w", [], 4096, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    kind = "Placeholder" if "/" in handle else "VarHandleOp"
+    w = add(g, handle, [], 4096, type=kind, kind=TensorKind.VARIABLE)
     h = add(g, "h", x + w, batch * 256 + 64)
     y = add(g, "y", h, batch * 16)
     gh = add(g, "gradient_tape/h", y + h, batch * 256 + 64)
@@ -45,6 +46,20 @@ def test_family_graph_simulates_like_the_real_one() -> None:
 def test_captures_that_differ_in_structure_are_refused() -> None:
     with pytest.raises(ScalingError, match="different ops"):
         BatchFamily.fit(step_at(2), 2, step_at(3, extra=True), 3)
+
+
+def test_placeholders_named_by_tensorflows_counter_are_matched_by_place() -> None:
+    """A variable a nested function captured is a placeholder named scope/<uid>, the uid
+    different in every capture (ConvNeXt's depthwise kernels)."""
+    family = BatchFamily.fit(step_at(2, handle="conv/3632"), 2, step_at(3, handle="conv/15211"), 3)
+    g = family.at(6)
+    assert sizes(g) == sizes(step_at(6, handle="conv/3632"))
+    assert g.tensors["h:0"].consumers == ["y", "gradient_tape/h"]
+
+
+def test_counter_names_of_other_scopes_are_refused() -> None:
+    with pytest.raises(ScalingError, match="different ops"):
+        BatchFamily.fit(step_at(2, handle="conv/3632"), 2, step_at(3, handle="dense/15211"), 3)
 
 
 def test_sizes_that_are_not_whole_steps_per_sample_are_refused() -> None:
