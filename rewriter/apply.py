@@ -369,9 +369,11 @@ class _HostStore:
         import numpy as np
 
         def put(array: Any) -> Any:
+            stored = _aligned_empty(array.shape, array.dtype)
+            np.copyto(stored, array)
             with self._lock:
                 key = next(self._keys)
-                self._items[key] = [np.array(array, copy=True), readers]
+                self._items[key] = [stored, readers]
             return np.int64(key)
 
         return put
@@ -383,6 +385,23 @@ class _HostStore:
             if item[1] == 0:
                 del self._items[int(key)]
         return item[0]
+
+
+#: the alignment TensorFlow's allocator gives every buffer (`Allocator::kAllocatorAlignment`)
+_TF_ALIGNMENT = 64
+
+
+def _aligned_empty(shape: Any, dtype: Any) -> Any:
+    """An empty array at an address TensorFlow's allocator would give: a Python function's
+    output at such an address becomes a tensor without a copy, one elsewhere is copied into
+    TensorFlow's allocator, where the swap-in's own copy (`DeepCopy`) then made a second."""
+    import numpy as np
+
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _TF_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _TF_ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 _HOST = _HostStore()

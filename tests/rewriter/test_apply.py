@@ -370,3 +370,38 @@ def test_swapped_input_gradients_of_batch_norms_sum_bitwise() -> None:
     inputs = example_tensors(cap_a.specs, seed=7)
     assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
     assert_same_state(a, b)
+
+
+ONE_COPY = """
+from autotune.run.measure import prepare_measurement
+prepare_measurement()
+import tensorflow as tf
+from rewriter.apply import _swap_in, _swap_out
+
+@tf.function
+def step(x):
+    stored = _swap_out(x * 2.0, "host", 1, "out")
+    return tf.reduce_sum(_swap_in(stored, x, "host", "in"))
+
+x = tf.zeros([1 << 21])  # 8 MiB
+step(x)
+tf.config.experimental.reset_memory_stats("CPU:0")
+before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+step(x)
+print("ABOVE", tf.config.experimental.get_memory_info("CPU:0")["peak"] - before)
+"""
+
+
+def test_an_emulated_swap_in_holds_one_copy_in_the_allocator() -> None:
+    """A GPU's swap-in lands one copy on the device; the emulated one must hold no more (the
+    host array handed to TensorFlow without a copy, then copied once into its allocator)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", ONE_COPY], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    above = int(out.stdout.split("ABOVE")[1])
+    # x * 2 (8 MiB, freed once swapped out), then the swap-in's one copy: 8 MiB at a time
+    assert above <= (8 << 20) + 4096, above
