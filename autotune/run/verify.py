@@ -30,6 +30,7 @@ from simulator import (
     simulate_plan,
 )
 from simulator.derive import PlanParams
+from simulator.heap import GRANULARITY, round_up
 
 __all__ = [
     "Run",
@@ -218,8 +219,9 @@ def verify_captured(
             pin_order=True,
         )
         gating = check_gating(dry, executed_partitions(dry, *inputs), inputs)
-    tuned_run = _run(tuned, inputs, device, steps)
-    base_run = _run(captured.concrete_function, inputs, device, steps)
+    own = resident_bytes(captured.graph)
+    tuned_run = _run(tuned, inputs, device, steps, own)
+    base_run = _run(captured.concrete_function, inputs, device, steps, own)
     on_cpu = device == "CPU:0"  # the CPU's BFC grows regions (a GPU's holds one); its kernels
     predicted, base = (
         _predict(planned_graph(captured, p), p, BFCModel(allow_growth=on_cpu), on_cpu)
@@ -241,6 +243,13 @@ def verify_captured(
     )
 
 
+def resident_bytes(graph: Graph) -> int:
+    """The bytes a step's inputs, variables and constants take in a BFC allocator (each
+    rounded up to its 256-byte granularity): held before the step, as the simulator counts."""
+    resident = (t.nbytes for t in graph.tensors.values() if t.kind.resident)
+    return sum(round_up(n, GRANULARITY) for n in resident)
+
+
 def _predict(graph: Graph, plan: SwapPlan, allocator: BFCModel, on_cpu: bool) -> SimResult:
     graph = graph.on_cpu() if on_cpu else graph
     return simulate_plan(compile_program(graph), graph, plan, allocator=allocator).memory
@@ -260,8 +269,11 @@ def _first_call(tuned: TunedStep, inputs: list[Any]) -> tuple[dict[str, str], Ga
     return _swap_op_devices(tuned, partitions), gating
 
 
-def _run(fn: Any, inputs: list[Any], device: str, steps: int) -> Run:
-    """Warm up once, then `steps` measured steps: median peak and median seconds."""
+def _run(fn: Any, inputs: list[Any], device: str, steps: int, own: int) -> Run:
+    """Warm up once, then `steps` measured steps: median peak and median seconds. A step's
+    peak is what it allocated above the device's bytes in use before it, plus `own`, the bytes
+    of its own inputs, variables and constants (`resident_bytes`): tensors the process holds
+    for anything else do not count."""
     import tensorflow as tf
 
     try:
@@ -269,11 +281,13 @@ def _run(fn: Any, inputs: list[Any], device: str, steps: int) -> Run:
         peaks, seconds = [], []
         for _ in range(steps):
             tf.config.experimental.reset_memory_stats(device)
+            before = int(tf.config.experimental.get_memory_info(device)["current"])
             start = time.perf_counter()
             out = fn(*inputs)
             tf.nest.map_structure(lambda t: t.numpy(), out)
             seconds.append(time.perf_counter() - start)
-            peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
+            peak = int(tf.config.experimental.get_memory_info(device)["peak"])
+            peaks.append(peak - before + own)
     except tf.errors.ResourceExhaustedError as err:
         return Run(None, None, f"does not fit: {str(err).splitlines()[0][:200]}")
     return Run(int(statistics.median(peaks)), statistics.median(seconds))
