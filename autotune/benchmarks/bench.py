@@ -32,6 +32,12 @@ def _accuracy(out: Path, quick: bool) -> None:
     simulator_accuracy.main(argv)
 
 
+def _tuned_accuracy(out: Path, quick: bool) -> None:
+    from autotune.benchmarks import tuned_accuracy
+
+    tuned_accuracy.main(["--out", str(out)] + (["--quick", "--processes", "1"] if quick else []))
+
+
 def _swap_plans(out: Path, quick: bool) -> None:
     from autotune.benchmarks import swap_plans
 
@@ -83,6 +89,7 @@ def _report(out: Path, quick: bool) -> None:
 
 STAGES: dict[str, Callable[[Path, bool], None]] = {
     "simulator accuracy": _accuracy,
+    "tuned steps measured": _tuned_accuracy,
     "swap plans": _swap_plans,
     "largest batch per method": _max_batch,
     "recompute beside swapping": _recompute,
@@ -129,6 +136,7 @@ def readme(out: Path, seconds: dict[str, float], quick: bool) -> str:
         "running TensorFlow on this machine's CPU (BFC allocator, one inter-op thread).",
         "",
         *_accuracy_section(_load(out / "simulator_accuracy.json")),
+        *_tuned_section(_load(out / "tuned_accuracy.json")),
         *_plans_section(_load(out / "swap_plans.json")),
         *_papers_section(_load(out / "max_batch.json")),
         *_batch_section(_load(out / "max_batch.json")),
@@ -154,6 +162,19 @@ def _corpus_section(d: Any) -> list[str]:
         f"{len(d['models'])} models; the least peak the tuner reaches is within 1.10x of the "
         f"lower bound for {len(near)}, one tuned step is bitwise like the original for "
         f"{len(exact)}" + (f"; failed: {', '.join(failed)}" if failed else "") + ".",
+        "",
+    ]
+
+
+def _tuned_section(d: Any) -> list[str]:
+    if not d:
+        return []
+    errors = ", ".join(f"{r['model']} {r['plan']} {r['error_percent']:+.1f} %" for r in d["rows"])
+    return [
+        "## Tuned steps, measured: `tuned_accuracy.md`",
+        "",
+        "`autotune verify` on the emulated device: the tuned step's measured peak (median of "
+        f"fresh processes) against its predicted peak: {errors}.",
         "",
     ]
 

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.tf
 def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) -> None:
     out = run_cli("bench", "--quick", "--out", str(tmp_path), timeout=900)
     assert out.returncode == 0, out.stderr
-    names = ("simulator_accuracy", "swap_plans", "max_batch", "recompute", "order_edges", "corpus")
+    names = ("simulator_accuracy", "tuned_accuracy", "swap_plans", "max_batch", "recompute")
+    names += ("order_edges", "corpus")
     for name in names:
         assert (tmp_path / f"{name}.md").stat().st_size > 0
         assert (tmp_path / f"{name}.json").stat().st_size > 0
@@ -47,6 +48,9 @@ def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) 
     assert edges["True"]["order_edges"] > 0 and edges["False"]["order_edges"] == 0
     measured = format_bytes(edges["True"]["measured_peak_bytes"])
     assert f"{measured} with {edges['True']['order_edges']}" in readme
+    tuned = json.loads((tmp_path / "tuned_accuracy.json").read_text())["rows"]
+    assert [r["model"] for r in tuned] == ["tiny-cnn", "tiny-transformer"]
+    assert f"{tuned[0]['model']} defaults {tuned[0]['error_percent']:+.1f} %" in readme
     corpus = json.loads((tmp_path / "corpus.json").read_text())["models"]
     assert [m["name"] for m in corpus] == ["unet2d"] and "error" not in corpus[0]
     assert f"{len(corpus)} models; the least peak" in readme
