@@ -14,21 +14,36 @@ class Progress:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self._stage: Any = None
+        self._running = False  # a stage has started and not ended
 
     def _bar(self, total: int | None, desc: str, unit: str) -> Any:
         from tqdm import tqdm
 
         return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
 
-    def stage(self, text: str) -> None:
-        """Start a stage (tracing, cost estimates): one tick per stage, the text as postfix."""
-        if not self.enabled:
-            return
+    def _stages(self) -> Any:
         if self._stage is None:
             self._stage = self._bar(None, "preparing", "stage")
-        else:
-            self._stage.update(1)
-        self._stage.set_postfix_str(text)
+        return self._stage
+
+    def stage(self, text: str) -> None:
+        """Start a stage (tracing, cost estimates): the one before it ends, the text as
+        postfix."""
+        if not self.enabled:
+            return
+        bar = self._stages()
+        if self._running:
+            bar.update(1)
+        self._running = True
+        bar.set_postfix_str(text)
+
+    def expect(self, stages: int) -> None:
+        """Expect `stages` more stages (fewer, if negative): the bar's total, for its ETA."""
+        if not self.enabled:
+            return
+        bar = self._stages()
+        bar.total = max(bar.n + 1, (bar.total or 0) + stages)
+        bar.refresh()
 
     def probe(self, method: str, batch: int) -> None:
         """One batch size tried by the batch search."""
@@ -36,9 +51,11 @@ class Progress:
 
     def done(self) -> None:
         if self._stage is not None:
-            self._stage.update(1)
+            if self._running:
+                self._stage.update(1)
             self._stage.close()
             self._stage = None
+            self._running = False
 
     def trials(self, total: int, already: int = 0) -> list[Any]:
         """Optuna callbacks that advance a trial bar (empty when disabled)."""

@@ -8,6 +8,7 @@ only, the original tool's defaults, its auto-tuner, random search and ours, with
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -234,6 +235,11 @@ def largest_possible(steps: Steps, budget: Budget) -> int:
     return largest(lambda b: steps.lower_bound(b) <= budget.bytes, hi // 2, hi)
 
 
+def max_probes(low: int, high: int) -> int:
+    """The most sizes `largest_batch` probes in [low, high]: `low`, then a binary search."""
+    return 1 + math.ceil(math.log2(high - low + 1)) if high >= low else 0
+
+
 def largest_batch(
     steps: Steps,
     method: str,
@@ -294,16 +300,24 @@ def largest_batches(
     on_probe: Callable[[str, int], None] | None = None,
     tuned_later: tuple[str, ...] = (),
     recompute: str = "search",
+    on_expect: Callable[[int], None] | None = None,
 ) -> dict[str, BatchSearch]:
     """The largest batch of every method; the others search above the no-swap batch. The
-    methods `tuned_later` (by the caller, at their batch) get no full outcome there."""
+    methods `tuned_later` (by the caller, at their batch) get no full outcome there.
+    `on_expect(n)` is told how many more probes to expect (for a progress bar's total): at
+    most `max_probes` a method at first, then fewer by those a search did not need."""
     ceiling = largest_possible(steps, budget)
+    bound = max_probes(2, ceiling)
+    expect = on_expect or (lambda n: None)
+    expect(bound * len({"no swapping", *methods}))
 
     def search(method: str, low: int) -> BatchSearch:
-        return largest_batch(
+        found = largest_batch(
             steps, method, budget, trials=trials, seed=seed, low=low, high=ceiling,
             on_probe=on_probe, full_outcome=method not in tuned_later, recompute=recompute,
         )  # fmt: skip
+        expect(found.probes - bound)
+        return found
 
     out = {"no swapping": search("no swapping", 2)}
     low = max(2, out["no swapping"].batch)

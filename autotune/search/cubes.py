@@ -53,11 +53,12 @@ def fit_max_cube(
     from autotune.search.tuning import check_budget, tune_captured
 
     bars = Progress(progress)
+    bars.expect(1)  # the trace at the edge found
     steps = CapturedSteps(cube_capturer(build, cube_step, batch_size), preset)
     searches = largest_batches(
         steps, budget, trials=trials, seed=seed, methods=("ours",),
         on_probe=lambda method, k: bars.stage(f"{method}: cube {k * cube_step}"),
-        tuned_later=("ours",), recompute=recompute,
+        tuned_later=("ours",), recompute=recompute, on_expect=bars.expect,
     )  # fmt: skip
     best = searches["ours"].batch or searches["no swapping"].batch
     if best == 0:

@@ -185,6 +185,7 @@ def fit(
         opts = {"trials": trials, "seed": seed, "storage": url, "objectives": objectives,
                 "batch_size": given, "recompute": recompute}  # fmt: skip
         return _fit_max_batch(capture_at, preset, budget, study, bars, **opts)
+    bars.expect(3)
     bars.stage("tracing the step")
     captured = capture_at(None)
     bars.stage("estimating op costs")
@@ -297,10 +298,11 @@ def _fit_max_batch(
     trials, seed, recompute = opts["trials"], opts["seed"], opts["recompute"]
     given = opts.pop("batch_size", None)
     pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES
+    bars.expect(2 * len(pair) + 1)  # a trace and costs at each batch, a trace at the best
     steps = StepFamily.capture(capture_at, preset, pair, on_stage=bars.stage)
     batches = largest_batches(
         steps, budget, trials=trials, seed=seed, on_probe=bars.probe, tuned_later=("ours",),
-        recompute=recompute,
+        recompute=recompute, on_expect=bars.expect,
     )  # fmt: skip
     best = batches["ours"].batch or batches["no swapping"].batch
     if best == 0:

@@ -67,6 +67,18 @@ def test_largest_batches_are_tight_and_ordered(steps: StepFamily) -> None:
     assert found["ours"].batch >= max(warm)
 
 
+def test_the_probes_expected_end_as_the_probes_made(steps: StepFamily) -> None:
+    """A progress bar's total: every method's most probes at first, then fewer by those its
+    search did not need, so that the total ends at the number of probes made."""
+    expected, probes = [], []
+    found = largest_batches(
+        steps, Budget(80 << 20, 0.95), trials=4, seed=0, methods=("no swapping", "ours"),
+        on_probe=lambda method, batch: probes.append(batch), on_expect=expected.append,
+    )  # fmt: skip
+    assert expected[0] >= len(probes) and sum(expected) == len(probes)
+    assert len(probes) == sum(search.probes for search in found.values())
+
+
 def test_a_host_limit_lowers_the_largest_batch_and_is_named_as_the_limit(
     steps: StepFamily,
 ) -> None:
