@@ -61,7 +61,15 @@ def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
     cf = fn.get_concrete_function(*specs)
     seconds = time.perf_counter() - start
     graph = graph_from_concrete(cf)
+    graph.rewritten = _rewritten(cf, graph)
     return Captured(graph, cf, specs, list(cf.variables), seconds)
+
+
+def _rewritten(cf: Any, graph: Graph) -> frozenset[str]:
+    """The ops of `graph` Grappler rewrites (`rewriter.optimized.rewritten_ops`)."""
+    from rewriter.optimized import rewritten_ops
+
+    return rewritten_ops(cf) & graph.ops.keys()
 
 
 def import_step(cf: Any, graph_def: Any, inputs: tuple[Any, ...]) -> tuple[Any, set[str]]:

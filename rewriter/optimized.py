@@ -14,7 +14,12 @@ from typing import Any
 from rewriter.capture import Captured, graph_from_concrete, import_step
 from simulator.graph import Graph
 
-__all__ = ["optimized_graph"]
+__all__ = ["optimized_graph", "rewritten_ops"]
+
+#: sums and products: Grappler's arithmetic optimizer regroups them (a tree of adds summed as
+#: one AddN, products reordered to minimize broadcasts) and its constant folding pushes
+#: constants down them, each only where no control edge touches the nodes
+REGROUPABLE = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv"})
 
 
 def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
@@ -33,6 +38,74 @@ def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
             if tensor.dtype == "float16":
                 tensor.dtype = "bfloat16"
     return graph
+
+
+def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:
+    """The sums and products (`REGROUPABLE`) of the concrete function `cf` that Grappler
+    regroups when it optimizes the step for `device`: gone, or computing from other values.
+    Values are named by what computes them (`_Values`), so that what changes no arithmetic
+    does not count: a duplicate merged into its twin, a constant deduplicated or folded, an
+    Identity or a no-op Reshape removed, commutative inputs sorted anew."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.grappler import tf_optimizer
+
+    config = context.context().config
+    before = list(cf.graph.as_graph_def().node)
+    after = tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False).node
+    values = _Values(before, {n.name: n for n in after})
+    out = set()
+    for node in before:
+        twin = values.kept.get(values.twin[node.name])
+        if node.op in REGROUPABLE and (twin is None or values.of(twin) != values.of(node)):
+            out.add(node.name)
+    return frozenset(out)
+
+
+#: ops whose output k is their input k
+_PASS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
+
+
+class _Values:
+    """The value of each tensor of a GraphDef (built inputs first) against its optimized
+    form `kept`: a node's twin is the first node of the same op, attributes and input values
+    (Grappler's deduplication keeps one); an Identity passes its input on, and so does a
+    node Grappler removed that had one non-constant input (a no-op Reshape)."""
+
+    def __init__(self, nodes: list[Any], kept: dict[str, Any]) -> None:
+        self.kept = kept
+        self.twin: dict[str, str] = {}
+        self.passes: dict[str, list[str]] = {}
+        consts = {n.name for n in nodes if n.op == "Const"}
+        first: dict[tuple[Any, ...], str] = {}
+        for node in nodes:
+            data = [i for i in node.input if not i.startswith("^")]
+            attrs = tuple(sorted((k, v.SerializeToString()) for k, v in node.attr.items()))
+            key = (node.op, attrs, tuple(self.value(i) for i in data))
+            self.twin[node.name] = first.setdefault(key, node.name)
+            variable = [i for i in data if i.split(":")[0] not in consts]
+            gone = self.twin[node.name] not in kept and node.name not in kept
+            if node.op in _PASS or (gone and len(variable) == 1):
+                self.passes[node.name] = data if node.op in _PASS else variable
+
+    def value(self, tensor: str) -> str:
+        """The tensor `node` or `node:k` as the tensor that computes it."""
+        for _ in range(len(self.twin) + 1):
+            name, _, index = tensor.partition(":")
+            k = int(index or 0)
+            if name not in self.passes:
+                return f"{self.twin.get(name, name)}:{k}"
+            passed = self.passes[name]
+            tensor = passed[k] if k < len(passed) else passed[0]
+        return tensor
+
+    def of(self, node: Any) -> list[str]:
+        """The values a node reads that are computed while the step runs (not a constant,
+        nor a value Grappler folded into one)."""
+        data = (self.value(i) for i in node.input if not i.startswith("^"))
+        return sorted(v for v in data if self._computed(v.partition(":")[0]))
+
+    def _computed(self, name: str) -> bool:
+        return name in self.kept and self.kept[name].op != "Const"
 
 
 def _retype_for_import(graph_def: Any) -> bool:

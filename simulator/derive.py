@@ -203,6 +203,10 @@ class PlanContext:
     unswappable: frozenset[str] = frozenset()
     #: the ops the gradients flow through (`gradient_flow`): the backward pass's own start
     flow: frozenset[str] = frozenset()
+    #: ops that may neither wait nor be waited for (`Graph.rewritten`)
+    regrouped: frozenset[str] = frozenset()
+    #: levels that hold such ops and no other possible trigger (not counted as distance)
+    hidden: frozenset[int] = frozenset()
 
     @classmethod
     def build(
@@ -214,11 +218,17 @@ class PlanContext:
         order = order or categorized_order(graph)
         flow = gradient_flow(graph, backward_scopes)
         backward = backward_ops(graph, order, flow)
+        regrouped = graph.rewritten
         by_level: list[list[str]] = [[] for _ in range(order.n_levels)]
         for name in order.ops:
-            if graph.ops[name].type not in NOT_TRIGGERS:
+            if graph.ops[name].type not in NOT_TRIGGERS and name not in regrouped:
                 by_level[order.level[name]].append(name)
-        ctx = cls(graph, order, backward, [], by_level, flow=flow)
+        hidden = frozenset(order.level[n] for n in regrouped) - {
+            lvl for lvl, ops in enumerate(by_level) if ops
+        }
+        ctx = cls(
+            graph, order, backward, [], by_level, flow=flow, regrouped=regrouped, hidden=hidden
+        )
         ctx.unswappable = unswappable_ops(graph)
         pos = order.position
         ctx.last_read = {
@@ -603,13 +613,26 @@ def _swap(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> Swap | None
     if not swap_ins:
         return None
     nbytes = ctx.graph.tensors[cand.tensor].nbytes
-    waiter = _waiter(ctx, cand, params.sync_lag) if params.sync_out and params.sync_lag else ""
+    waiter = _waiter(ctx, cand, _lag(ctx, cand, params, swap_ins)) if params.sync_out else ""
     return Swap(cand.tensor, nbytes, tuple(swap_ins), params.sync_out, waiter)
 
 
+def _lag(ctx: PlanContext, cand: _Candidate, params: PlanParams, swap_ins: list[SwapIn]) -> int:
+    """How many levels after the producer the swap-out is waited for (0: by its readers):
+    `sync_lag`, or, where a reader that is not rerouted may not wait (`Graph.rewritten`),
+    just after the last such reader."""
+    rerouted = {c for s in swap_ins for c in s.consumers}
+    kept = [c for c in ctx.graph.tensors[cand.tensor].consumers if c not in rerouted]
+    if params.sync_lag or not ctx.regrouped.intersection(kept):
+        return params.sync_lag
+    return 1 + max(ctx.order.level[c] for c in kept) - cand.level
+
+
 def _waiter(ctx: PlanContext, cand: _Candidate, lag: int) -> str:
-    """The first op at least `lag` levels after the candidate's producer ('' when there is
-    none: its readers then wait)."""
+    """The first op at least `lag` levels after the candidate's producer ('' when `lag` is 0
+    or there is none: its readers then wait)."""
+    if not lag:
+        return ""
     for level in range(cand.level + lag, len(ctx.by_level)):
         if ctx.by_level[level]:
             return ctx.by_level[level][0]
@@ -629,15 +652,19 @@ def _groups(readers: list[tuple[int, str]], groupby: int) -> list[list[tuple[int
 def _trigger(
     ctx: PlanContext, cand: _Candidate, first: tuple[int, str], params: PlanParams
 ) -> str | None:
+    """The first op `lb`..`ub` levels before the reader `first` (direct order) or up its
+    inputs (chain rule). A level whose every op may not be waited for (`Graph.rewritten`)
+    is not counted: a swap-in of the least-memory corner (`ub` 1) then waits for the level
+    before it rather than being dropped."""
     level, reader = first
     if params.trigger == "chain_rule":
         return _chain_rule(ctx, cand, reader, params)
-    for d in range(params.lb, params.ub + 1):
-        at = level - d
-        if at <= cand.level:
-            return None
+    d, at = params.lb, level - params.lb
+    while d <= params.ub and at > cand.level:
         if ctx.by_level[at]:
             return ctx.by_level[at][0]
+        d += at not in ctx.hidden
+        at -= 1
     return None
 
 
@@ -653,7 +680,8 @@ def _chain_rule(ctx: PlanContext, cand: _Candidate, reader: str, params: PlanPar
                 continue
             seen.add(p)
             d = level[reader] - level[p]
-            if params.lb <= d <= params.ub and ctx.graph.ops[p].type not in NOT_TRIGGERS:
+            usable = ctx.graph.ops[p].type not in NOT_TRIGGERS and p not in ctx.regrouped
+            if params.lb <= d <= params.ub and usable:
                 return p
             if d < params.ub:
                 queue.append(p)

@@ -94,6 +94,11 @@ class Graph:
         #: per op, the order of its successors where a graph pass changed the order of its
         #: out-edges (the order in which the executor sees them); others follow their outputs
         self.edge_order: dict[str, list[str]] = {}
+        #: the ops Grappler rewrote when it optimized the captured step (regrouped sums and
+        #: products, fused kernels: `rewriter.optimized.rewritten_ops`). It skips a node
+        #: driven by or driving a control dependency, so a plan's trigger, waiter or order
+        #: edge on one of them would make the step compute, and round, otherwise
+        self.rewritten: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)})"
@@ -282,6 +287,7 @@ class Graph:
         out.functions = list(self.functions)
         out.control_consumers = {k: list(v) for k, v in self.control_consumers.items()}
         out.edge_order = {k: list(v) for k, v in self.edge_order.items()}
+        out.rewritten = self.rewritten
         return out
 
     def lint(self) -> None:

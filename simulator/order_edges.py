@@ -63,14 +63,18 @@ def find_order_edges(
     backward-pass schedule never holds up the forward pass; `largest` caps the tensors live
     at the peak that are paired. `together` maps an op to the ops run as one kernel with it:
     an edge into or out of one is added for each of them.
+    No edge touches an op Grappler rewrote in the original step (`Graph.rewritten`).
     """
     edges: list[Edge] = []
     current = graph
     result, order = peak_of(current)
+    fixed = graph.rewritten
     for _ in range(rounds):
         best: tuple[int, tuple[Edge, ...], Graph, SimResult, Order] | None = None
         for edge in _candidates(current, result, order, start_level, largest):
             group = grouped(edge, together or {})
+            if fixed.intersection(n for e in group for n in e):
+                continue
             trial = current.with_control_edges(group)
             try:
                 r, o = peak_of(trial)
@@ -88,7 +92,8 @@ def find_order_edges(
 def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
     """Edges `(source, op)` for each op with device outputs that reads only buffers held from
     the start of the step: `source` is the latest (in `order`) other input of its first
-    reader, when it comes later than the op. See the module's docstring.
+    reader, when it comes later than the op. See the module's docstring. No edge touches an op
+    Grappler rewrote in the original step (`Graph.rewritten`).
 
     Each deferred op takes the place right after its source in `order`; an op whose input is
     made by an op deferred past that place stays where it is. Every edge then runs forward in
@@ -97,8 +102,11 @@ def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
     pos = order.position
     at: dict[str, float] = {}  # a deferred op's place: after its source, in the original order
     out: list[Edge] = []
+    fixed = graph.rewritten
     for name in order.ops:
         op = graph.ops[name]
+        if name in fixed:
+            continue
         made = [graph.tensors[t] for j, t in enumerate(op.outputs) if j not in op.forwards]
         if not op.inputs or not any(t.nbytes and t.kind.on_device for t in made):
             continue
@@ -108,7 +116,7 @@ def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
         if not readers:
             continue
         first = min(readers, key=pos.__getitem__)
-        others = (p for p in graph.predecessors(first) if p != name)
+        others = (p for p in graph.predecessors(first) if p != name and p not in fixed)
         source = max(others, key=pos.__getitem__, default=None)
         if source is None or pos[source] < pos[name]:
             continue
@@ -122,7 +130,8 @@ def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
 def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[Edge, ...]:
     """Edges `(source, op)` for each op of `feeders` (ops whose outputs only the backward
     pass reads, computed from forward tensors): `source` is the latest non-feeder input of
-    the first non-feeder op the feeder's outputs reach, when it comes later than the op.
+    the first non-feeder op the feeder's outputs reach, when it comes later than the op. No
+    edge touches an op Grappler rewrote in the original step (`Graph.rewritten`).
 
     No cycle: a feeder reaches a non-feeder only through feeders, at that first op or later,
     and its source precedes that op; so along any cycle the non-feeders' positions in `order`
@@ -140,11 +149,12 @@ def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[E
             if known:
                 deadline[name] = min(known, key=pos.__getitem__)
     out: list[Edge] = []
+    fixed = graph.rewritten
     for name in order.ops:
         end = deadline.get(name)
-        if end is None:
+        if end is None or name in fixed:
             continue
-        others = [p for p in graph.predecessors(end) if p not in feeders]
+        others = [p for p in graph.predecessors(end) if p not in feeders and p not in fixed]
         source = max(others, key=pos.__getitem__, default=None)
         if source is not None and pos[source] > pos[name]:
             out.append((source, name))

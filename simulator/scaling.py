@@ -73,6 +73,7 @@ class BatchFamily:
         k = batch - self.a
         graph = Graph(self.base.name)
         graph.functions = list(self.base.functions)
+        graph.rewritten = self.base.rewritten
         for op in self.base.ops.values():
             scratch = op.scratch + k * self.scratch.get(op.name, 0)
             graph.add_op(_copy_op(op, scratch), [self._tensor(n, k) for n in op.outputs])
@@ -132,6 +133,7 @@ def _renamed(graph: Graph, mapping: dict[str, str]) -> Graph:
 
     out = Graph(graph.name)
     out.functions = list(graph.functions)
+    out.rewritten = frozenset(mapping.get(n, n) for n in graph.rewritten)
     for op in graph.ops.values():
         new = replace(
             op,

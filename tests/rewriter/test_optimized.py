@@ -71,3 +71,21 @@ def test_a_mixed_bfloat16_step_imports_with_every_tensor_of_its_size() -> None:
         out = graph.tensors[op.outputs[0]]
         assert out.nbytes == 2 * int(np.prod(out.shape))
     assert _updates(graph) == _updates(cap.graph)
+
+
+def test_the_capture_records_the_sums_and_products_grappler_regroups() -> None:
+    from rewriter.capture import capture_function
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        pushed = (x * 2.0) * 3.0  # constant folding pushes the constants down: x * 6
+        kept = tf.identity(x * y) + y  # an identity Grappler removes changes no arithmetic
+        twins = tf.sin(x) + tf.sin(x)  # the two sines are one after deduplication
+        return pushed + kept + twins
+
+    spec = tf.TensorSpec([8, 8])
+    graph = capture_function(step, spec, spec).graph
+    short = {name.split("/")[-1] for name in graph.rewritten}
+    assert {"mul", "mul_1"} <= short  # the product of a product, regrouped
+    assert not short & {"mul_2", "add"}  # x * y and its sum with y are computed as written
+    assert all(graph.ops[n].type in ("Mul", "AddV2", "Add", "AddN") for n in graph.rewritten)

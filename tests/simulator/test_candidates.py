@@ -98,3 +98,67 @@ def test_feeders_wait_for_the_gradient_they_serve_and_lower_the_peak() -> None:
     plain = engine.evaluate(LEAST)
     deferred = engine.evaluate(PlanParams(ub=1, sync_out=True, serialize=True))
     assert deferred.peak_bytes < plain.peak_bytes
+
+
+def residual_sum() -> Graph:
+    """A batch norm's output `bn = hs + b` added to the shortcut `h`, `bn` read by the sum
+    alone: Grappler's arithmetic optimizer sums the two adds as one group (the capture
+    records them as rewritten)."""
+    g = Graph("residual_sum")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    h = add(g, "h", x, 4096)
+    conv = add(g, "conv", h, 4096)
+    hs = add(g, "hs", conv, 4096, type="Mul")
+    bn = add(g, "bn", hs, 4096, type="AddV2")
+    out = add(g, "sum", bn + h, 4096, type="AddV2")
+    f = add(g, "f", out, 1024)
+    loss = add(g, "loss", f, 4)
+    g1 = add(g, "gradient_tape/f", loss + out, 4096)
+    g2 = add(g, "gradient_tape/conv", g1 + conv, 4096)
+    g3 = add(g, "gradient_tape/h", g2 + h, 4096)
+    g.mark_outputs(loss + g3)
+    g.rewritten = frozenset({"bn", "sum"})
+    return g
+
+
+def test_a_rewritten_sum_is_never_a_trigger_or_a_waiter() -> None:
+    g = residual_sum()
+    ctx = PlanContext.build(g)
+    assert ctx.regrouped == {"bn", "sum"}
+    assert not ctx.regrouped & {o for ops in ctx.by_level for o in ops}
+    for lag in (0, 1, 2, 3):
+        plan = Engine.build(g).evaluate(PlanParams(ub=1, sync_out=True, sync_lag=lag)).plan
+        assert plan.swaps and all(s.waiter not in ctx.regrouped for s in plan.swaps)
+
+
+def test_a_swap_read_by_a_rewritten_op_is_waited_for_after_its_last_forward_reader() -> None:
+    g = residual_sum()
+    ctx = PlanContext.build(g)
+    plan = Engine.build(g).evaluate(PlanParams(ub=1, sync_out=True)).plan
+    by_tensor = {s.tensor: s for s in plan.swaps}
+    assert by_tensor["conv:0"].waiter == ""  # its forward reader `hs` may wait
+    waiter = by_tensor["h:0"].waiter  # `sum` may not
+    assert waiter and ctx.order.level[waiter] > ctx.order.level["sum"]
+
+
+def test_levels_of_rewritten_ops_alone_do_not_count_toward_the_trigger_distance() -> None:
+    # a's reader follows two adds that Grappler sums as one group: with ub=1 the swap-in
+    # waits for the op before them instead of being dropped
+    g = Graph("regrouped_levels")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 8192)
+    f = add(g, "f", a, 1024)
+    big = add(g, "big", f, 16384)
+    loss = add(g, "loss", big, 4)
+    gl = add(g, "gradient_tape/loss", loss, 1024)
+    s1 = add(g, "gradient_tape/s1", gl + gl, 1024, type="AddV2")
+    s2 = add(g, "gradient_tape/s2", s1 + gl, 1024, type="AddV2")
+    r = add(g, "gradient_tape/a", s2 + a, 1024)
+    g.mark_outputs(loss + r)
+    g.rewritten = frozenset({"gradient_tape/s1", "gradient_tape/s2"})
+    ctx = PlanContext.build(g)
+    level = ctx.order.level
+    assert ctx.hidden == {level["gradient_tape/s1"], level["gradient_tape/s2"]}
+    plan = Engine.build(g).evaluate(PlanParams(ub=1, sync_out=True)).plan
+    swap = next(s for s in plan.swaps if s.tensor == "a:0")
+    assert [s.trigger for s in swap.swap_ins] == ["gradient_tape/loss"]
