@@ -66,10 +66,14 @@ def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
 
 
 def _rewritten(cf: Any, graph: Graph) -> frozenset[str]:
-    """The ops of `graph` Grappler rewrites (`rewriter.optimized.rewritten_ops`)."""
+    """The ops of `graph` Grappler rewrites (`rewriter.optimized.rewritten_ops`) for the
+    device the step will run on: the first GPU if TensorFlow sees one, else the CPU."""
+    import tensorflow as tf
+
     from rewriter.optimized import rewritten_ops
 
-    return rewritten_ops(cf) & graph.ops.keys()
+    device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+    return rewritten_ops(cf, device) & graph.ops.keys()
 
 
 def import_step(cf: Any, graph_def: Any, inputs: tuple[Any, ...]) -> tuple[Any, set[str]]:
