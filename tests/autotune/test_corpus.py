@@ -60,3 +60,12 @@ def test_random_plans_on_keras_applications_train_bitwise(name: str) -> None:
         inputs = example_tensors(cap_a.specs, seed=7)
         assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
         assert_same_state(a, b)
+
+
+def test_an_original_that_differs_from_itself_makes_exact_not_applicable() -> None:
+    from autotune.benchmarks.corpus import _exact_cell
+
+    row = {"exact_variables": 760, "exact_differing": 510, "exact_original_differing": 510}
+    assert _exact_cell({**row, "exact": None}) == "n/a (the original run twice differs in 510/760)"
+    assert _exact_cell({**row, "exact": False}) == "no (510/760)"
+    assert _exact_cell({**row, "exact": True}) == "yes"
