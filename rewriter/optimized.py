@@ -25,12 +25,8 @@ REGROUPABLE = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv"}
 def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
     """The IR of `captured` as Grappler optimizes it for `device` ('CPU:0' or 'GPU:0'), with the
     optimizer settings of this process (`tf.config.optimizer`), as TensorFlow does at run time."""
-    from tensorflow.python.eager import context
-    from tensorflow.python.grappler import tf_optimizer
-
     cf = captured.concrete_function
-    config = context.context().config
-    optimized = tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False)
+    optimized = _optimized_def(cf, device)
     retyped = _retype_for_import(optimized)
     graph = graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
     if retyped:  # the IR says what runs: bfloat16 (oneDNN's pass treats it as it does float)
@@ -46,12 +42,8 @@ def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:
     Values are named by what computes them (`_Values`), so that what changes no arithmetic
     does not count: a duplicate merged into its twin, a constant deduplicated or folded, an
     Identity or a no-op Reshape removed, commutative inputs sorted anew."""
-    from tensorflow.python.eager import context
-    from tensorflow.python.grappler import tf_optimizer
-
-    config = context.context().config
     before = list(cf.graph.as_graph_def().node)
-    after = tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False).node
+    after = _optimized_def(cf, device).node
     values = _Values(before, {n.name: n for n in after})
     out = set()
     for node in before:
@@ -152,6 +144,16 @@ def _refuses(node: Any, dtype: int) -> bool:
         if attr.type == "type" and given == dtype and allowed and dtype not in allowed:
             return True
     return False
+
+
+def _optimized_def(cf: Any, device: str) -> Any:
+    """The GraphDef of concrete function `cf` after Grappler, for `device`, with the optimizer
+    settings of this process (`tf.config.optimizer`), as TensorFlow does at run time."""
+    from tensorflow.python.eager import context
+    from tensorflow.python.grappler import tf_optimizer
+
+    config = context.context().config
+    return tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False)
 
 
 def _meta_graph(cf: Any, device: str) -> Any:
