@@ -33,7 +33,7 @@ from typing import Any
 
 from simulator.errors import UserError
 from simulator.graph import Graph, TensorKind
-from simulator.opsemantics import RECOMPUTABLE, RECOMPUTABLE_HEAVY, SHAPE_ONLY, unswappable_ops
+from simulator.opsemantics import RECOMPUTABLE, RECOMPUTABLE_HEAVY, SHAPE_ONLY, foldable_ops
 from simulator.order import Order, categorized_order
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapIn, SwapPlan
 from simulator.timing import Link
@@ -229,7 +229,7 @@ class PlanContext:
         ctx = cls(
             graph, order, backward, [], by_level, flow=flow, regrouped=regrouped, hidden=hidden
         )
-        ctx.unswappable = unswappable_ops(graph)
+        ctx.unswappable = foldable_ops(graph)
         pos = order.position
         ctx.last_read = {
             name: max((pos[c] for c in t.consumers), default=pos[t.producer])

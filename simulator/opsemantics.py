@@ -204,43 +204,6 @@ def foldable_ops(graph: Graph) -> frozenset[str]:
     return frozenset(folded)
 
 
-#: Element-wise binary ops whose expressions Grappler's arithmetic optimizer and constant
-#: folding rewrite when an operand is constant (constants pushed down, negations removed).
-_WITH_CONSTANTS = frozenset(
-    {
-        "Mul",
-        "Add",
-        "AddV2",
-        "Sub",
-        "RealDiv",
-        "Div",
-        "Maximum",
-        "Minimum",
-        "Pow",
-        "SquaredDifference",
-    }
-)
-
-
-def unswappable_ops(graph: Graph) -> frozenset[str]:
-    """Ops whose outputs a plan must not swap, since a swap-in in their place changes what
-    Grappler computes: constant-foldable ops (`foldable_ops`), and element-wise ops of a
-    constant (x * c) that a sum or product Grappler regroups reads (`Graph.rewritten`): it
-    rewrites expressions through them, and a swap-in hides the constant. Measured: with every
-    such term of GELU swappable, a small GPT-2's least-memory plan differed from the original
-    in 92 of 110 variables; under mixed_float16, swapping the tiny transformer's GELU
-    -x / sqrt(2) changed four variables after two steps."""
-    folded = foldable_ops(graph)
-    with_constant = (
-        name
-        for name, op in graph.ops.items()
-        if op.type in _WITH_CONSTANTS
-        and any(graph.tensors[t].producer in folded for t in op.inputs)
-        and any(c in graph.rewritten for t in op.outputs for c in graph.tensors[t].consumers)
-    )
-    return folded | frozenset(with_constant)
-
-
 def _stateful(op_type: str) -> bool:
     return op_type in _NOT_FOLDABLE or op_type.startswith(_NOT_FOLDABLE_PREFIXES)
 

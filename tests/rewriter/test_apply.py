@@ -98,6 +98,14 @@ def test_tuned_step_trains_bitwise_like_the_original(model: str, params: PlanPar
     _assert_same_step(model, params)
 
 
+def test_gelus_terms_of_a_constant_are_swapped_bitwise() -> None:
+    # GELU holds 0.5 * x for its backward pass, and Grappler regroups the product that reads it
+    # in the forward pass (`Graph.rewritten`): the swap changes no product Grappler regroups
+    plan = _assert_same_step("tiny-transformer", PlanParams())
+    halves = [s.tensor for s in plan.swaps if s.tensor.endswith("/Gelu/mul:0")]
+    assert [t for t in halves if not t.startswith("gradient_tape/")]
+
+
 @pytest.mark.parametrize("model", EXACT)
 @pytest.mark.parametrize("mode", ["emulated", "device"])
 def test_swapped_backward_tensors_train_bitwise_like_the_original(model: str, mode: str) -> None:
@@ -317,8 +325,9 @@ def test_a_depthwise_separable_cnn_with_adam_trains_bitwise_like_the_original(mo
 @pytest.mark.parametrize("model", ["tiny-cnn", "tiny-transformer"])
 def test_mixed_precision_steps_train_bitwise_like_the_original(model: str, policy: str) -> None:
     # under mixed_float16 the optimizer is a LossScaleOptimizer, whose step holds a tf.cond;
-    # swapping GELU's constant 0.5 cast to bfloat16, or its -x / sqrt(2) under float16, had
-    # changed the step (see simulator.opsemantics.unswappable_ops)
+    # swapping GELU's constant 0.5 cast to bfloat16 had changed the step (see
+    # simulator.opsemantics.foldable_ops), and its -x / sqrt(2) under float16 before the
+    # products Grappler regroups lost their triggers and order edges (Graph.rewritten)
     import keras
 
     keras.mixed_precision.set_global_policy(policy)
