@@ -38,7 +38,8 @@ def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
 
 def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:
     """The sums and products (`REGROUPABLE`) of the concrete function `cf` that Grappler
-    regroups when it optimizes the step for `device`: gone, or computing from other values.
+    regroups when it optimizes the step for `device` (gone, or computing from other values),
+    and the ops it fuses into one kernel (`_fused`).
     Values are named by what computes them (`_Values`), so that what changes no arithmetic
     does not count: a duplicate merged into its twin, a constant deduplicated or folded, an
     Identity or a no-op Reshape removed, commutative inputs sorted anew."""
@@ -50,7 +51,28 @@ def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:
         twin = values.kept.get(values.twin[node.name])
         if node.op in REGROUPABLE and (twin is None or values.of(twin) != values.of(node)):
             out.add(node.name)
-    return frozenset(out)
+    return frozenset(out | _fused(before, values.kept))
+
+
+def _fused(before: list[Any], kept: dict[str, Any]) -> set[str]:
+    """The ops Grappler's remapper fuses into one kernel (oneDNN's `_MklSwish` for a sigmoid
+    times its input, `_FusedConv2D` for a convolution and its bias): the node that became the
+    fused op and the nodes it absorbed, gone from `kept`. A control edge on one of them keeps
+    the remapper from fusing, and the separate kernels round otherwise."""
+    by_name = {n.name: n for n in before}
+    out: set[str] = set()
+    todo = [n.name for n in before if n.name in kept and kept[n.name].op != n.op]
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.add(name)
+        for i in by_name[name].input:
+            src = i.lstrip("^").split(":")[0]
+            node = by_name.get(src)
+            if node is not None and src not in kept and node.op not in ("Const", *_PASS):
+                todo.append(src)
+    return out
 
 
 #: ops whose output k is their input k

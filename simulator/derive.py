@@ -76,6 +76,13 @@ HOLD_STEPS = 4
 NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
 
+def can_wait(graph: Graph, name: str) -> bool:
+    """Whether op `name` may trigger a copy or wait for one (a control edge into or out of
+    it): not a constant or a shape query, and not a sum or product Grappler regroups
+    (`Graph.rewritten`: its arithmetic optimizer skips nodes a control edge touches)."""
+    return graph.ops[name].type not in NOT_TRIGGERS and name not in graph.rewritten
+
+
 @dataclass(frozen=True)
 class PlanParams:
     """The swap parameters; the defaults are the original tool's (n_tensors=-1, lb=1, ub=10000).
@@ -221,7 +228,7 @@ class PlanContext:
         regrouped = graph.rewritten
         by_level: list[list[str]] = [[] for _ in range(order.n_levels)]
         for name in order.ops:
-            if graph.ops[name].type not in NOT_TRIGGERS and name not in regrouped:
+            if can_wait(graph, name):
                 by_level[order.level[name]].append(name)
         hidden = frozenset(order.level[n] for n in regrouped) - {
             lvl for lvl, ops in enumerate(by_level) if ops
@@ -680,7 +687,7 @@ def _chain_rule(ctx: PlanContext, cand: _Candidate, reader: str, params: PlanPar
                 continue
             seen.add(p)
             d = level[reader] - level[p]
-            usable = ctx.graph.ops[p].type not in NOT_TRIGGERS and p not in ctx.regrouped
+            usable = can_wait(ctx.graph, p)
             if params.lb <= d <= params.ub and usable:
                 return p
             if d < params.ub:

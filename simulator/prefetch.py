@@ -50,7 +50,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.derive import NOT_TRIGGERS, merge_overlapping, resolve_sources
+from simulator.derive import can_wait, merge_overlapping, resolve_sources
 from simulator.graph import Graph
 from simulator.order import Order
 from simulator.plan import Swap, SwapIn, SwapPlan
@@ -161,7 +161,7 @@ def _earliest(
     best, q = t, t - 1
     while q >= low and room[q] + nbytes <= limit:
         op = order.ops[q]
-        if graph.ops[op].type not in NOT_TRIGGERS and order.level[op] < level:
+        if can_wait(graph, op) and order.level[op] < level:
             best = q
             if timeline.base_end[q] <= latest:
                 break
@@ -245,8 +245,6 @@ def _latest_waiter(
     w = last + 1
     while w < due and room[w + 1] + nbytes <= limit:
         w += 1
-    while w > last and (
-        graph.ops[order.ops[w]].type in NOT_TRIGGERS or order.level[order.ops[w]] <= after
-    ):
+    while w > last and (not can_wait(graph, order.ops[w]) or order.level[order.ops[w]] <= after):
         w -= 1
     return w if w > last else last

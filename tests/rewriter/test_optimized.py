@@ -89,3 +89,14 @@ def test_the_capture_records_the_sums_and_products_grappler_regroups() -> None:
     assert {"mul", "mul_1"} <= short  # the product of a product, regrouped
     assert not short & {"mul_2", "add"}  # x * y and its sum with y are computed as written
     assert all(graph.ops[n].type in ("Mul", "AddV2", "Add", "AddN") for n in graph.rewritten)
+
+
+def test_the_capture_records_the_ops_grappler_fuses_into_one_kernel(cnn) -> None:  # type: ignore[no-untyped-def]
+    # oneDNN's remapper makes each convolution and its bias one `_FusedConv2D`; a control edge
+    # on either would keep them apart (`rewriter.optimized._fused`)
+    graph = cnn.graph
+    convs = {n for n, op in graph.ops.items() if op.type == "Conv2D"}
+    biases = {n for n, op in graph.ops.items() if op.type == "BiasAdd"}
+    assert convs and biases
+    assert convs | biases <= graph.rewritten
+    assert not any(graph.ops[n].type.endswith("Grad") for n in graph.rewritten)
