@@ -307,12 +307,15 @@ def test_study_also_starts_from_the_original_autotuners_pick(engine) -> None:  #
 
 @pytest.mark.tf
 def test_warm_starts_add_the_autotuners_pick_on_the_step_with_order_edges(engine) -> None:  # type: ignore[no-untyped-def]
-    budget = budget_at(engine, 0.4)
+    # a budget where the original search finds a plan on the step with its order edges (with
+    # no trigger on what Grappler fuses or regroups, from 80 % of the way: docs/method.md)
+    budget = budget_at(engine, 0.8)
     picked, ordered = warm_starts(engine, budget)
     assert picked == original_autotuner(engine, budget).shown.params
     assert ordered.serialize and not picked.serialize
     serialized = engine.serialized()
     assert serialized is not engine and serialized.edges
+    assert original_autotuner(serialized, budget).best is not None
     # the original search, run on the step with its order edges
     assert replace(ordered, serialize=False) == original_autotuner(serialized, budget).shown.params
     # it fits by the original's memory-only simulation (copies instant), as the original's does
