@@ -56,9 +56,10 @@ def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:
 
 def _fused(before: list[Any], kept: dict[str, Any]) -> set[str]:
     """The ops Grappler's remapper fuses into one kernel (oneDNN's `_MklSwish` for a sigmoid
-    times its input, `_FusedConv2D` for a convolution and its bias): the node that became the
-    fused op and the nodes it absorbed, gone from `kept`. A control edge on one of them keeps
-    the remapper from fusing, and the separate kernels round otherwise."""
+    times its input, `_FusedConv2D` for a convolution and its bias): each node kept under its
+    name with another op type (the fused op; also a division made a product with a
+    reciprocal) and the nodes it absorbed, gone from `kept`. A control edge on one of them
+    keeps Grappler from rewriting it, and the separate kernels round otherwise."""
     by_name = {n.name: n for n in before}
     out: set[str] = set()
     todo = [n.name for n in before if n.name in kept and kept[n.name].op != n.op]

@@ -78,8 +78,9 @@ NOT_TRIGGERS = SHAPE_ONLY | {"Const", "Placeholder", "NoOp", "VarHandleOp"}
 
 def can_wait(graph: Graph, name: str) -> bool:
     """Whether op `name` may trigger a copy or wait for one (a control edge into or out of
-    it): not a constant or a shape query, and not a sum or product Grappler regroups
-    (`Graph.rewritten`: its arithmetic optimizer skips nodes a control edge touches)."""
+    it): not a constant or a shape query, and not an op Grappler rewrites (`Graph.rewritten`:
+    a sum or product it regroups, or an op its remapper fuses; both skip nodes a control edge
+    touches)."""
     return graph.ops[name].type not in NOT_TRIGGERS and name not in graph.rewritten
 
 

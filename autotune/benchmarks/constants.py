@@ -107,8 +107,7 @@ def _edge_reuse(steps: Any, fresh: Any, large: int, tuned: Any, scale: int) -> d
     from simulator.engine import EDGE_REUSE
 
     out: dict[str, Any] = {}
-    own = fresh(large)
-    bound = own.lower_bound
+    bound = steps.lower_bound(large)
     low, near = 2, large  # the lower bound grows with the size: bisect
     while low < near:
         mid = (low + near) // 2
