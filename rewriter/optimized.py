@@ -13,20 +13,18 @@ from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
 from simulator.graph import Graph
+from simulator.opsemantics import REGROUPABLE
 
 __all__ = ["optimized_graph", "rewritten_ops"]
-
-#: sums and products: Grappler's arithmetic optimizer regroups them (a tree of adds summed as
-#: one AddN, products reordered to minimize broadcasts) and its constant folding pushes
-#: constants down them, each only where no control edge touches the nodes
-REGROUPABLE = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv"})
 
 
 def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
     """The IR of `captured` as Grappler optimizes it for `device` ('CPU:0' or 'GPU:0'), with the
     optimizer settings of this process (`tf.config.optimizer`), as TensorFlow does at run time."""
     cf = captured.concrete_function
-    optimized = _optimized_def(cf, device)
+    # without the variables' shapes: the executor's order model (`simulator.executor_orders`)
+    # was read off graphs whose shape queries Grappler had not folded (see docs/method.md)
+    optimized = _optimized_def(cf, device, variable_shapes=False)
     retyped = _retype_for_import(optimized)
     graph = graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
     if retyped:  # the IR says what runs: bfloat16 (oneDNN's pass treats it as it does float)
@@ -169,30 +167,68 @@ def _refuses(node: Any, dtype: int) -> bool:
     return False
 
 
-def _optimized_def(cf: Any, device: str) -> Any:
+def _optimized_def(cf: Any, device: str, variable_shapes: bool = True) -> Any:
     """The GraphDef of concrete function `cf` after Grappler, for `device`, with the optimizer
-    settings of this process (`tf.config.optimizer`), as TensorFlow does at run time."""
+    settings of this process (`tf.config.optimizer`), as TensorFlow does at run time (told the
+    variables' shapes, `_as_args`, as a running function's arguments tell it)."""
     from tensorflow.python.eager import context
     from tensorflow.python.grappler import tf_optimizer
 
+    meta, args = _meta_graph(cf, device, variable_shapes)
     config = context.context().config
-    return tf_optimizer.OptimizeGraph(config, _meta_graph(cf, device), verbose=False)
+    optimized = tf_optimizer.OptimizeGraph(config, meta, verbose=False)
+    for node in optimized.node:
+        if node.name in args:
+            node.CopyFrom(args[node.name])
+    return optimized
 
 
-def _meta_graph(cf: Any, device: str) -> Any:
+def _meta_graph(cf: Any, device: str, variable_shapes: bool) -> tuple[Any, dict[str, Any]]:
     """A MetaGraphDef of the step's graph, placed on `device`, fetching its outputs and the
-    ops it must run (variable updates), so that Grappler prunes nothing that runs."""
+    ops it must run (variable updates), so that Grappler prunes nothing that runs; and the
+    placeholders `_as_args` made arguments, by name."""
     import tensorflow as tf
 
     graph_def = cf.graph.as_graph_def()
     placed = f"/job:localhost/replica:0/task:0/device:{device}"
     for node in graph_def.node:
         node.device = node.device or placed
+    args = _as_args(graph_def, cf.graph) if variable_shapes else {}
     meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=cf.graph)
     fetch = meta.collection_def["train_op"].node_list.value
     fetch.extend(t.name for t in cf.outputs)
     fetch.extend(op.name for op in cf.graph.control_outputs)
-    return meta
+    return meta, args
+
+
+def _as_args(graph_def: Any, graph: Any) -> dict[str, Any]:
+    """Make each variable's placeholder in `graph_def` the `_Arg` node a running function has,
+    with the variable's dtype and shape (`_handle_dtypes`, `_handle_shapes`), and return the
+    placeholders replaced, by name. Grappler infers a variable read's shape only from those
+    attributes; without them it leaves undone what it does at run time (a residual sum and
+    the batch norm before it summed as one tree of adds, a bias fused into its convolution)."""
+    import tensorflow as tf
+    from tensorflow.python.ops import handle_data_util
+
+    shapes = {
+        t.op.name: handle_data_util.get_resource_handle_data(t).shape_and_type
+        for t in graph.inputs
+        if t.dtype == tf.resource
+    }
+    replaced: dict[str, Any] = {}
+    for node in graph_def.node:
+        known = shapes.get(node.name)
+        if node.op != "Placeholder" or not known:
+            continue
+        replaced[node.name] = type(node)()
+        replaced[node.name].CopyFrom(node)
+        del node.attr["dtype"], node.attr["shape"]
+        node.op = "_Arg"
+        node.attr["T"].type = tf.resource.as_datatype_enum
+        node.attr["index"].i = len(replaced) - 1
+        node.attr["_handle_dtypes"].list.type.extend(k.dtype for k in known)
+        node.attr["_handle_shapes"].list.shape.extend(k.shape for k in known)
+    return replaced
 
 
 def _wrap(cf: Any, specs: tuple[Any, ...], graph_def: Any) -> Any:

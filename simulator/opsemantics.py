@@ -126,6 +126,11 @@ RECOMPUTABLE_HEAVY = frozenset(
     }
 )
 
+#: Sums and products: Grappler's arithmetic optimizer regroups them (a tree of adds summed as
+#: one, products reordered to minimize broadcasts) and its constant folding pushes constants
+#: down them, each only where no control edge touches the nodes.
+REGROUPABLE = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv"})
+
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.
 SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 

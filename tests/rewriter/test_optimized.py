@@ -100,3 +100,16 @@ def test_the_capture_records_the_ops_grappler_fuses_into_one_kernel(cnn) -> None
     assert convs and biases
     assert convs | biases <= graph.rewritten
     assert not any(graph.ops[n].type.endswith("Grad") for n in graph.rewritten)
+
+
+def test_the_capture_sees_the_variables_shapes_as_a_running_step_does() -> None:
+    # a batch norm's sum and the residual sum after it are summed as one tree of adds at run
+    # time, where Grappler knows the variables' shapes; offline it did only once told them
+    from tests.models import captured_residual_bn_cnn
+
+    graph = captured_residual_bn_cnn()[1].graph
+    residual = {n for n, op in graph.ops.items() if op.type == "AddV2" and n.endswith("/Add")}
+    assert len(residual) == 2
+    assert residual <= graph.rewritten
+    feeding = {graph.tensors[t].producer for n in residual for t in graph.ops[n].inputs}
+    assert any(n.endswith("batchnorm/add_1") for n in feeding & graph.rewritten)
