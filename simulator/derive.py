@@ -33,7 +33,13 @@ from typing import Any
 
 from simulator.errors import UserError
 from simulator.graph import Graph, TensorKind
-from simulator.opsemantics import RECOMPUTABLE, RECOMPUTABLE_HEAVY, SHAPE_ONLY, foldable_ops
+from simulator.opsemantics import (
+    RECOMPUTABLE,
+    RECOMPUTABLE_HEAVY,
+    REGROUPABLE,
+    SHAPE_ONLY,
+    foldable_ops,
+)
 from simulator.order import Order, categorized_order
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapIn, SwapPlan
 from simulator.timing import Link
@@ -572,10 +578,16 @@ def _chain(
 ) -> tuple[tuple[str, ...], set[str]] | None:
     """The ops, in order, that make `producer`'s output again at step `at` (at most `budget`
     of them, of the op types `kinds`) and the tensors they read (live then, or held until
-    then as `hold` allows), or None."""
+    then as `hold` allows), or None. No sum or product Grappler regroups in the original step
+    (`Graph.rewritten`) is copied: the copy, which carries a control edge, would be computed as
+    written (a batch norm's sum and the residual sum after it as two adds, where the original
+    sums the three terms as one tree) and round otherwise. (A convolution and its bias fused
+    into one kernel are copied: the copies fuse alike.)"""
     graph = ctx.graph
     op = graph.ops[producer]
     if op.type not in kinds or len(op.outputs) != 1 or producer in ctx.unswappable:
+        return None
+    if producer in graph.rewritten and op.type in REGROUPABLE:
         return None
     ops: list[str] = []
     reads: set[str] = set()

@@ -188,3 +188,18 @@ def test_backward_recomputes_simulate_like_the_recaptured_pinned_rewrite() -> No
     planned = simulate_plan(compile_program(cap.graph), cap.graph, plan).memory
     again = simulate_memory(compile_program(tuned.recapture()))
     assert again.peak_bytes == planned.peak_bytes
+
+
+def test_no_recompute_copies_a_sum_grappler_regroups_and_the_rest_train_bitwise() -> None:
+    """At run time Grappler sums a block's last batch norm and its shortcut as one tree of adds;
+    a copy of the two adds, held apart by its control edge, would round otherwise."""
+    (a, cap_a), (b, cap_b) = captured_residual_bn_cnn(), captured_residual_bn_cnn()
+    regrouped = cap_b.graph.rewritten
+    assert any(n.endswith("/Add") for n in regrouped)
+    plan = _plan(cap_b, n_tensors=0, recompute_ops=8)
+    assert plan.recomputes
+    assert not {op for rc in plan.recomputes for op in rc.ops} & regrouped
+    tuned = apply_plan(cap_b, plan)
+    inputs = example_tensors(cap_a.specs, seed=7)
+    assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
+    assert_same_state(a, b)
