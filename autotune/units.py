@@ -6,7 +6,7 @@ import re
 
 from simulator.errors import UserError
 
-__all__ = ["format_bytes", "format_sized", "parse_size"]
+__all__ = ["byte_unit", "format_bytes", "format_sized", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -50,3 +50,12 @@ def format_bytes(nbytes: int) -> str:
 def format_sized(nbytes: int) -> str:
     """`nbytes` for a person and exactly, e.g. '1.25 GiB (1342177280 B)'."""
     return f"{format_bytes(nbytes)} ({nbytes} B)"
+
+
+def byte_unit(largest: float) -> tuple[float, str]:
+    """The unit to plot bytes in so that `largest` reads as a number of at least 1 where it
+    can: GiB, MiB or KiB (a 15 MB peak as 15 MiB, not 0.015 GiB)."""
+    for shift, name in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if largest >= 1 << shift:
+            return float(1 << shift), name
+    return 1.0, "B"

@@ -11,12 +11,12 @@ from autotune.units import format_sized as _sized
 __all__ = ["print_fit", "print_simulation", "print_verification"]
 
 
-def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3) -> None:
-    """The plan's order edges (`--serialize`), the first few by name."""
+def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3, saved: str = "") -> None:
+    """The plan's order edges (`--serialize`), what they save if known, the first few by name."""
     if not edges:
         return
     keep = "edge reorders" if len(edges) == 1 else "edges reorder"
-    print(f"  ordered    {len(edges)} order {keep} the backward pass:")
+    print(f"  ordered    {len(edges)} order {keep} the backward pass{f' ({saved})' * bool(saved)}:")
     for before, after in edges[:shown]:
         print(f"             {after} waits for {before}")
     if len(edges) > shown:
@@ -118,7 +118,7 @@ def print_verification(v: Any) -> None:
 
 
 def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> None:
-    from autotune.report.write import batches_table, methods_table
+    from autotune.report.write import batches_table, edge_saving, methods_table, params_line
 
     d = tuned.to_dict()
     cube = f", cube {d['cube']}" if "cube" in d else ""
@@ -133,14 +133,14 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
             " is within the budget; the step is returned untouched"
         )
     else:
-        print(f"tuned        {_params_line(d['params'])}")
+        print(f"tuned        {params_line(d['params'])}")
         print(
             f"             peak {_sized(d['predicted_peak_bytes'])} (no swap, categorized order: "
             f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
             f"{d['swapped_tensors']} tensors swapped{_recomputed(d)}"
         )
         _print_time_bound(d)
-        _print_order_edges(tuple(map(tuple, d["order_edges"])))
+        _print_order_edges(tuple(map(tuple, d["order_edges"])), saved=edge_saving(d))
     _print_host(d)
     batches = batches_table(tuned)
     if batches is not None:
@@ -188,26 +188,3 @@ def _print_host(d: dict[str, Any]) -> None:
 def _times(value: float | None) -> str:
     """An overhead such as 1.154x, or a note when no time model ran (no per-op costs)."""
     return "n/a (no op costs)" if value is None else f"{value:.3f}x"
-
-
-def _nonempty(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in params.items() if v != []}
-
-
-def _params_line(params: dict[str, Any]) -> str:
-    """The plan's parameters as `name=value` pairs, sizes in units, those left at their
-    defaults (off, none, zero) left out; the full set is in --json and summary.json."""
-    from simulator.derive import PlanParams
-
-    default = PlanParams().to_dict()
-    kept = {"n_tensors", "lb", "ub"} | (
-        {"recompute_ops"} if params.get("recompute") != "none" else set()
-    )
-    shown = []
-    for k, v in _nonempty(params).items():
-        if v == default.get(k) and k not in kept:
-            continue
-        if k.endswith(("_bytes", "_limit")) and isinstance(v, int) and v:
-            v = format_bytes(v)
-        shown.append(f"{k}={'all' if k == 'n_tensors' and v == -1 else v}")
-    return " ".join(shown)

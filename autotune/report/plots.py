@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autotune.units import byte_unit
 from simulator.trace import EventKind
 
 if TYPE_CHECKING:
@@ -43,15 +44,6 @@ __all__ = [
 ]
 
 GIB = float(1 << 30)
-
-
-def byte_unit(largest: float) -> tuple[float, str]:
-    """The unit to plot bytes in so that `largest` reads as a number of at least 1 where it
-    can: GiB, MiB or KiB (a 15 MB peak as 15 MiB, not 0.015 GiB)."""
-    for shift, name in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
-        if largest >= 1 << shift:
-            return float(1 << shift), name
-    return 1.0, "B"
 
 
 @dataclass(frozen=True)

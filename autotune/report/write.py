@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.units import format_bytes
+from autotune.units import byte_unit, format_bytes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -19,47 +19,55 @@ if TYPE_CHECKING:
 
     from autotune.search.tuning import TuningResult
 
-__all__ = ["batches_table", "methods_table", "trials_table", "write_report"]
-
-GIB = float(1 << 30)
-
-
-def _gib(nbytes: int | None) -> float | None:
-    return None if nbytes is None else round(nbytes / GIB, 3)
+__all__ = [
+    "batches_table",
+    "edge_saving",
+    "methods_table",
+    "params_line",
+    "trials_table",
+    "write_report",
+]
 
 
 def _mib(nbytes: int) -> float:
     return round(nbytes / (1 << 20), 2)
 
 
+def _peak_column(peaks: list[int | None]) -> tuple[str, list[float | None]]:
+    """A column of peaks in the unit that suits its largest value (`byte_unit`)."""
+    scale, unit = byte_unit(max((p or 0 for p in peaks), default=0))
+    return f"peak ({unit})", [None if p is None else round(p / scale, 3) for p in peaks]
+
+
+def _overhead(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def methods_table(tuned: TuningResult) -> pd.DataFrame:
-    """One row per method at the tuned batch: fits, predicted peak (GiB), overhead, cost."""
+    """One row per method at the tuned batch: fits, predicted peak, overhead, cost."""
     import pandas as pd
 
-    rows = []
-    for method, o in tuned.outcomes.items():
-        s = o.summary()
-        rows.append(
-            {
-                "method": method,
-                "fits": s["fits"],
-                "peak (GiB)": _gib(s["peak_bytes"]),
-                "overhead (x)": s["overhead"],
-                "evaluations": s["evaluations"],
-                "tuning (s)": round(s["seconds"], 2),
-            }
-        )
-    if not rows:
-        rows.append(
-            {
-                "method": "no swapping",
-                "fits": True,
-                "peak (GiB)": _gib(tuned.baseline.peak_bytes),
-                "overhead (x)": 1.0,
-                "evaluations": 1,
-                "tuning (s)": round(tuned.tuning_seconds, 2),
-            }
-        )
+    summaries = {method: o.summary() for method, o in tuned.outcomes.items()}
+    if not summaries:
+        summaries["no swapping"] = {
+            "fits": True,
+            "peak_bytes": tuned.baseline.peak_bytes,
+            "overhead": 1.0,
+            "evaluations": 1,
+            "seconds": tuned.tuning_seconds,
+        }
+    peak, peaks = _peak_column([s["peak_bytes"] for s in summaries.values()])
+    rows = [
+        {
+            "method": method,
+            "fits": s["fits"],
+            peak: value,
+            "overhead (x)": _overhead(s["overhead"]),
+            "evaluations": s["evaluations"],
+            "tuning (s)": round(s["seconds"], 2),
+        }
+        for (method, s), value in zip(summaries.items(), peaks)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -71,16 +79,18 @@ def batches_table(tuned: TuningResult) -> pd.DataFrame | None:
     if tuned.batches is None:
         return None
     base = tuned.batches["no swapping"].batch or 1
+    summaries = {method: b.summary() for method, b in tuned.batches.items()}
+    peak, peaks = _peak_column([s["peak_bytes"] for s in summaries.values()])
     rows = [
         {
             "method": method,
             "max cube" if tuned.cube_step else "max batch": b.batch,
             "x no-swap": round(b.batch / base, 2),
-            "overhead (x)": b.summary()["overhead"],
-            "peak (GiB)": _gib(b.summary()["peak_bytes"]),
+            "overhead (x)": _overhead(s["overhead"]),
+            peak: value,
             "search (s)": round(b.seconds, 2),
         }
-        for method, b in tuned.batches.items()
+        for (method, b), s, value in zip(tuned.batches.items(), summaries.values(), peaks)
     ]
     return pd.DataFrame(rows)
 
@@ -198,15 +208,24 @@ def peak_table(tuned: TuningResult, n: int = 10) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["tensor", "MiB", "buffer"])
 
 
-def _tables(tuned: TuningResult) -> list[tuple[str, pd.DataFrame]]:
-    memory = tuned.evaluation.result.memory
-    out = [
-        ("Methods at this batch (same engine, same budget)", methods_table(tuned)),
-        (f"Largest tensors live at the peak (op {memory.peak_op})", peak_table(tuned)),
-    ]
+def _headline(tuned: TuningResult) -> tuple[str, pd.DataFrame]:
+    """The table the first screen shows beside the facts: the largest size per method when
+    that was searched, else the methods at the tuned size."""
     batches = batches_table(tuned)
     if batches is not None:
-        out.append((f"Largest {tuned.size_name} per method", batches))
+        return f"Largest {tuned.size_name} per method", batches
+    return _METHODS, methods_table(tuned)
+
+
+_METHODS = "Methods at this batch (same engine, same budget)"
+
+
+def _details(tuned: TuningResult) -> list[tuple[str, pd.DataFrame]]:
+    """The tables below the first plot: the methods at the tuned size (when not the headline),
+    what is live at the peak, and the measured run."""
+    memory = tuned.evaluation.result.memory
+    out = [] if tuned.batches is None else [(_METHODS, methods_table(tuned))]
+    out.append((f"Largest tensors live at the peak (op {memory.peak_op})", peak_table(tuned)))
     verified = verification_table(tuned)
     if verified is not None:
         out.append((f"Measured on {tuned.verification.place} against predicted", verified))
@@ -217,30 +236,44 @@ def _html(tuned: TuningResult, images: dict[str, Path]) -> str:
     import base64
     import html
 
-    parts = ["<!doctype html><meta charset='utf-8'><title>Swap tuning report</title>", _STYLE]
-    parts.append("<h1>Swap tuning report</h1><ul>")
-    parts += [f"<li>{_inline(line[2:])}</li>" for line in _facts(tuned)]
-    parts.append("</ul>")
-    for title, table in _tables(tuned):
-        parts += [f"<h2>{html.escape(title)}</h2>", table.to_html(index=False)]
-    for name, png in images.items():
+    def section(title: str, body: str) -> str:
+        return f"<h2>{html.escape(title)}</h2>{body}"
+
+    def image(name: str, png: Path) -> str:
         data = base64.b64encode(png.read_bytes()).decode()
-        parts.append(f"<h2>{TITLES.get(name, name)}</h2><img src='data:image/png;base64,{data}'>")
-        if name in CAPTIONS:
-            parts.append(f"<p>{html.escape(CAPTIONS[name])}</p>")
+        caption = f"<p>{html.escape(CAPTIONS[name])}</p>" if name in CAPTIONS else ""
+        return section(TITLES.get(name, name), f"<img src='data:image/png;base64,{data}'>{caption}")
+
+    facts = "".join(f"<li>{_inline(line[2:])}</li>" for line in _facts(tuned))
+    title, table = _headline(tuned)
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>Swap tuning report</title>",
+        _STYLE,
+        "<h1>Swap tuning report</h1>",
+        f"<div class='top'><ul>{facts}</ul><div>{section(title, table.to_html(index=False))}"
+        "</div></div>",
+    ]
+    (first, png), *rest = images.items()
+    parts.append(image(first, png))
+    parts += [section(t, df.to_html(index=False)) for t, df in _details(tuned)]
+    parts += [image(name, png) for name, png in rest]
     edges = _edges(tuned)
     if edges:
-        parts.append(f"<h2>Order edges ({len(edges)})</h2><ul>")
-        parts += [f"<li>{_inline(line[2:])}</li>" for line in edges]
-        parts.append("</ul>")
+        items = "".join(f"<li>{_inline(line[2:])}</li>" for line in edges)
+        parts.append(section(f"Order edges ({len(edges)})", f"<ul>{items}</ul>"))
     return "\n".join(parts) + "\n"
 
 
+#: A small stylesheet: the facts beside the headline tables, so that they and the first plot
+#: fit a laptop's first screen (checked in tests/autotune/test_report.py)
 _STYLE = (
-    "<style>body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;"
-    "padding:0 1rem;line-height:1.4}table{border-collapse:collapse;margin:.5rem 0}"
-    "th,td{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}"
-    "code{background:#f3f3f3;padding:0 .2rem}img{max-width:100%}</style>"
+    "<style>body{font:14px/1.35 system-ui,sans-serif;max-width:75rem;margin:1rem auto;"
+    "padding:0 1rem}h1{font-size:1.4rem;margin:0 0 .5rem}h2{font-size:1.05rem;"
+    "margin:.8rem 0 .3rem}.top{display:flex;flex-wrap:wrap;gap:0 2rem;align-items:flex-start}"
+    ".top ul{flex:1 1 24rem;margin:0;padding-left:1.2rem}.top h2{margin-top:0}"
+    "table{border-collapse:collapse;margin:.2rem 0;font-size:13px}"
+    "th,td{border:1px solid #ccc;padding:.1rem .4rem;text-align:right}"
+    "code{background:#f3f3f3;padding:0 .2rem}img{max-width:100%;max-height:28rem}</style>"
 )
 
 
@@ -253,12 +286,21 @@ def _inline(text: str) -> str:
 
 
 def _markdown(tuned: TuningResult, images: dict[str, Path]) -> str:
+    """report.md, in report.html's order: facts, headline tables, the first plot, the rest."""
+
+    def image(name: str, png: Path) -> list[str]:
+        caption = [CAPTIONS[name], ""] if name in CAPTIONS else []
+        return [f"## {TITLES.get(name, name)}", "", f"![{name}]({png.name})", "", *caption]
+
+    title, table = _headline(tuned)
     lines = ["# Swap tuning report", "", *_facts(tuned), ""]
-    for title, table in _tables(tuned):
+    lines += [f"## {title}", "", table.to_markdown(index=False), ""]
+    (first, png), *rest = images.items()
+    lines += image(first, png)
+    for title, table in _details(tuned):
         lines += [f"## {title}", "", table.to_markdown(index=False), ""]
-    for name, png in images.items():
-        lines += [f"## {TITLES.get(name, name)}", "", f"![{name}]({png.name})", ""]
-        lines += [CAPTIONS[name], ""] if name in CAPTIONS else []
+    for name, png in rest:
+        lines += image(name, png)
     edges = _edges(tuned)
     if edges:
         lines += [f"## Order edges ({len(edges)})", "", *edges, ""]
@@ -272,24 +314,42 @@ def _edges(tuned: TuningResult) -> list[str]:
 
 def _facts(tuned: TuningResult) -> list[str]:
     d = tuned.to_dict()
+    recomputed = f", {d['recomputed_tensors']} recomputed" if d["recomputed_tensors"] else ""
     return [
-        f"- device preset: {d['device']}; budget {format_bytes(d['budget_bytes'])} "
+        f"- {d['device']}, batch {d['batch_size']}"
+        + (f", cube edge {d['cube']}" if "cube" in d else "")
+        + f"; budget {format_bytes(d['budget_bytes'])} "
         f"({d['safety_ratio']:.2f} of {format_bytes(d['gpu_memory_bytes'])})",
-        f"- batch size: {d['batch_size']}" + (f", cube edge {d['cube']}" if "cube" in d else ""),
-        f"- lower bound (resident + largest op): {format_bytes(d['lower_bound_bytes'])}",
-        f"- no swapping: peak {format_bytes(d['baseline_peak_bytes'])}",
-        f"- tuned: peak {format_bytes(d['predicted_peak_bytes'])}, "
-        f"{d['swapped_tensors']} tensors swapped, overhead {_x(d['predicted_overhead'])}",
+        f"- peak: no swapping {format_bytes(d['baseline_peak_bytes'])}, tuned "
+        f"{format_bytes(d['predicted_peak_bytes'])}, lower bound "
+        f"{format_bytes(d['lower_bound_bytes'])} (resident + largest op)",
+        f"- tuned: {d['swapped_tensors']} tensors swapped{recomputed}, overhead "
+        f"{_x(d['predicted_overhead'])}",
         *_host_facts(d),
-        f"- parameters: `{json.dumps(_short(d['params']))}`",
-        *(
-            [f"- order edges: {len(d['order_edges'])} (listed at the end)"]
-            if d["order_edges"]
-            else []
-        ),
+        f"- parameters: `{params_line(d['params'])}` (all in summary.json)",
+        *_edge_facts(d),
         f"- tuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s, "
         f"{d['trials']} trials",
     ]
+
+
+def _edge_facts(d: dict[str, Any]) -> list[str]:
+    """How many order edges the plan has and what they save in its simulated peak."""
+    edges = d["order_edges"]
+    if not edges:
+        return []
+    saved = edge_saving(d)
+    return [f"- order edges: {len(edges)}{'; ' + saved if saved else ''} (listed at the end)"]
+
+
+def edge_saving(d: dict[str, Any]) -> str:
+    """What the order edges save, from `peak_without_order_edges_bytes` ("" if unknown)."""
+    unordered = d.get("peak_without_order_edges_bytes")
+    if unordered is None:
+        return ""
+    more = unordered - d["predicted_peak_bytes"]
+    higher = f"{format_bytes(more)} higher" if more > 0 else "no higher"
+    return f"without them the same parameters peak {higher}"
 
 
 def _host_facts(d: dict[str, Any]) -> list[str]:
@@ -304,6 +364,20 @@ def _x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}x"
 
 
-def _short(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters without empty include/exclude lists."""
-    return {k: v for k, v in params.items() if v not in ([], ())}
+def params_line(params: dict[str, Any]) -> str:
+    """The plan's parameters as `name=value` pairs, sizes in units, those left at their
+    defaults (off, none, zero) left out; the full set is in --json and summary.json."""
+    from simulator.derive import PlanParams
+
+    default = PlanParams().to_dict()
+    kept = {"n_tensors", "lb", "ub"} | (
+        {"recompute_ops"} if params.get("recompute") != "none" else set()
+    )
+    shown = []
+    for k, v in params.items():
+        if v == [] or (v == default.get(k) and k not in kept):
+            continue
+        if k.endswith(("_bytes", "_limit")) and isinstance(v, int) and v:
+            v = format_bytes(v)
+        shown.append(f"{k}={'all' if k == 'n_tensors' and v == -1 else v}")
+    return " ".join(shown)

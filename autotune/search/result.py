@@ -53,6 +53,8 @@ class TuningResult:
     cube_step: int = 0
     steps: Any = None  # the StepFamily of a largest-batch search (for the batch curve)
     verification: Any = None
+    #: the simulated peak of the tuned parameters without order edges (None when it has none)
+    unordered_peak_bytes: int | None = None
     recapture: Callable[[int], Captured] | None = field(default=None, repr=False)
     tuning: dict[str, Any] = field(default_factory=dict, repr=False)
     _step: Any = field(default=None, repr=False)
@@ -197,6 +199,7 @@ class TuningResult:
             "recomputed_bytes": self.plan.recomputed_bytes,
             "recompute_seconds": self.recompute_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
+            "peak_without_order_edges_bytes": self.unordered_peak_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_host_peak_bytes": self.evaluation.host_peak_bytes,
             "host_memory_bytes": self.budget.host_bytes,

@@ -102,6 +102,9 @@ def tune_captured(
         )  # fmt: skip
         outcomes["ours"] = ours
         best = ours.shown or baseline
+    unordered = None
+    if best.plan.order_edges:  # what they save: the same parameters without them
+        unordered = engine.evaluate(replace(best.params, serialize=False)).peak_bytes
     return TuningResult(
         batch_size,
         budget,
@@ -115,6 +118,7 @@ def tune_captured(
         captured.trace_seconds,
         captured,
         engine.time_bound(budget.bytes),
+        unordered_peak_bytes=unordered,
     )
 
 

@@ -246,7 +246,7 @@ def test_an_error_in_the_users_model_file_is_theirs_in_one_line(tmp_path) -> Non
 def test_the_tuned_parameters_print_as_pairs_with_units() -> None:
     from dataclasses import replace
 
-    from autotune.cli.output import _params_line
+    from autotune.report.write import params_line as _params_line
     from simulator.derive import PlanParams
 
     p = replace(PlanParams(), ub=1, sync_out=True, recompute="cheap", prefetch_bytes=3 << 30)

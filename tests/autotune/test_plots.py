@@ -37,13 +37,6 @@ def test_memory_timeline_follows_the_traces(engine: Engine) -> None:
     assert fig.axes[0].get_ylabel() == "device memory (KiB)"
 
 
-def test_bytes_are_plotted_in_the_unit_that_reads_as_a_number() -> None:
-    # a 15 MB peak as 14.3 MiB, not 0.014 GiB
-    assert plots.byte_unit(15e6) == (float(1 << 20), "MiB")
-    assert plots.byte_unit(3 * 2.0**30) == (float(1 << 30), "GiB")
-    assert plots.byte_unit(4096) == (1024.0, "KiB") and plots.byte_unit(512) == (1.0, "B")
-
-
 def test_time_view_streams_add_up_to_the_step(engine: Engine) -> None:
     ev = engine.evaluate(PlanParams())
     data = plots.time_view(ev)

@@ -2,6 +2,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from autotune.report.write import _facts
 
 SUMMARY = Path(__file__).parents[2] / "results" / "report_resnet50" / "summary.json"
@@ -28,3 +30,50 @@ def test_inline_code_shows_as_code_in_html() -> None:
     from autotune.report.write import _inline
 
     assert _inline("`a/b` waits for `c<d`") == "<code>a/b</code> waits for <code>c&lt;d</code>"
+
+
+def test_facts_say_what_the_order_edges_save() -> None:
+    d = json.loads(SUMMARY.read_text())
+    edges = [["a/before", "b/after"]]
+    unordered = d["predicted_peak_bytes"] + (3 << 20)
+    tuned = _Tuned({**d, "order_edges": edges, "peak_without_order_edges_bytes": unordered})
+    facts = _facts(tuned)  # type: ignore[arg-type]
+    saved = "without them the same parameters peak 3.00 MiB higher"
+    assert f"- order edges: 1; {saved} (listed at the end)" in facts
+
+
+@pytest.mark.tf
+def test_the_facts_the_headline_table_and_the_first_plot_fit_a_first_screen(
+    tmp_path: Path,
+) -> None:
+    """report.html laid out by a real HTML engine (WeasyPrint) on 1280 x 800 px pages, a
+    laptop's browser window: the facts, the largest-batch table and the memory plot are on the
+    first page; the methods table reads its peaks in MiB (a tiny model's)."""
+    import weasyprint
+
+    import autotune
+    from autotune.zoo import get_entry
+
+    zm = get_entry("tiny-cnn").build()
+    kw = {"loss": zm.loss, "optimizer": zm.optimizer, "batch_size": 64}
+    tuned = autotune.fit(zm.model, gpu_memory="80MiB", trials=4, max_batch=True, **kw,
+                         out=tmp_path)  # fmt: skip
+    report = tuned.report(tmp_path / "report")
+    # the order edges' saving is simulated exactly when the plan has them
+    assert (tuned.unordered_peak_bytes is not None) == bool(tuned.plan.order_edges)
+    page = weasyprint.CSS(string="@page{size:1280px 800px;margin:0}")
+    pages = weasyprint.HTML(filename=report.with_suffix(".html")).render(stylesheets=[page])
+    first = list(_boxes(pages.pages[0]._page_box))
+    tables = [b for b in first if type(b).__name__ == "TableBox"]
+    images = [b for b in first if type(b).__name__ == "InlineReplacedBox"]
+    assert len(tables) == 1 and len(images) == 1
+    assert images[0].position_y + images[0].height <= 800
+    text = report.read_text()
+    assert text.index("## Largest batch per method") < text.index("![memory_timeline]")
+    assert "peak (MiB)" in text.split("## Methods at this batch")[1]
+
+
+def _boxes(box: Any) -> Any:
+    yield box
+    for child in getattr(box, "children", None) or []:
+        yield from _boxes(child)

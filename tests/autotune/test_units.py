@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.units import format_bytes, parse_size
+from autotune.units import byte_unit, format_bytes, parse_size
 
 
 @pytest.mark.parametrize(
@@ -27,3 +27,10 @@ def test_format_bytes() -> None:
     assert format_bytes(512) == "512 B"
     assert format_bytes(3 << 20) == "3.00 MiB"
     assert format_bytes(5 << 40) == "5120.00 GiB"
+
+
+def test_bytes_are_plotted_in_the_unit_that_reads_as_a_number() -> None:
+    # a 15 MB peak as 14.3 MiB, not 0.014 GiB
+    assert byte_unit(15e6) == (float(1 << 20), "MiB")
+    assert byte_unit(3 * 2.0**30) == (float(1 << 30), "GiB")
+    assert byte_unit(4096) == (1024.0, "KiB") and byte_unit(512) == (1.0, "B")
