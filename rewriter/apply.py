@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
@@ -57,6 +57,9 @@ class TunedStep:
     triggers: dict[str, str] = field(default_factory=dict)
     devices: tuple[str | None, str | None] = (None, None)
     specs: tuple[Any, ...] = ()
+    #: the captured ops simulated without taking over an input's buffer (products Grappler
+    #: regroups, `rewriter.capture`): the recaptured graph's ops of these names are too
+    not_in_place: frozenset[str] = frozenset()
 
     def __call__(self, *args: Any) -> Any:
         """Run the step on `args` (converted losslessly to the dtypes it was captured with; at
@@ -86,7 +89,10 @@ class TunedStep:
 
     def recapture(self) -> Graph:
         """The IR of the rewritten graph: swap-outs on the host, swap-ins new device memory."""
-        return graph_from_concrete(self.function, self.variables)
+        graph = graph_from_concrete(self.function, self.variables)
+        for name in self.not_in_place & graph.ops.keys():
+            graph.ops[name] = replace(graph.ops[name], inplace=())
+        return graph
 
 
 def validate_plan(captured: Captured, plan: SwapPlan) -> Order:
@@ -166,9 +172,12 @@ def apply_plan(
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))
     devices = (compute_device, host_device) if mode == "device" else (None, None)
     outputs, variables = cf.structured_outputs, captured.variables
+    graph = captured.graph
+    kept = frozenset(n for n in graph.rewritten if not graph.ops[n].inplace)
     return TunedStep(
-        function, plan, mode, tuple(names), outputs, variables, triggers, devices, captured.specs
-    )
+        function, plan, mode, tuple(names), outputs, variables, triggers, devices,
+        captured.specs, kept,
+    )  # fmt: skip
 
 
 def device_pair(compute: str | None, host: str) -> tuple[str, str]:

@@ -47,3 +47,20 @@ def captured_residual_bn_cnn(batch: int = 8):  # type: ignore[no-untyped-def]
 
     built = residual_bn_cnn()
     return built, capture(built.model, loss=built.loss, optimizer=built.optimizer, batch_size=batch)
+
+
+def gelu_block(tokens: int = 64):  # type: ignore[no-untyped-def]
+    """A transformer's feed-forward block with exact GELU and AdamW: Grappler regroups GELU's
+    backward products, differently once a plan swaps their inputs in."""
+    import keras
+    from keras import layers
+
+    from autotune.zoo import ZooModel
+
+    keras.utils.set_random_seed(0)
+    x = inp = keras.Input((tokens, 128))
+    h = layers.Dense(512, activation="gelu")(layers.LayerNormalization()(x))
+    x = x + layers.Dense(128)(h)
+    out = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.AdamW(1e-3))
