@@ -63,6 +63,25 @@ class _Lowering:
         self.shared = shared
         #: (swapped tensor, k) -> the id of swap-in k's copy and the step it is placed at
         self.copies: dict[tuple[str, int], tuple[int, int]] = {}
+        #: per step rerouted so far, which of its output entries name each buffer
+        self._naming: dict[int, dict[int, list[int]]] = {}
+
+    def _reroute_step(self, p: int, old: int, new: int) -> None:
+        """Make the outputs of the op at step `p` write into `new` wherever they would have
+        written into `old` (the entries are indexed: the optimizer's IdentityN has one per
+        gradient and is rerouted once per swapped gradient)."""
+        naming = self._naming.get(p)
+        if naming is None:
+            naming = self._naming[p] = {}
+            for i, (_, _, fwd, cands) in enumerate(self.steps[p]):
+                for b in {fwd, *cands} - {-1}:
+                    naming.setdefault(b, []).append(i)
+        hit = naming.pop(old, [])
+        if hit:
+            outs = self.steps[p] = list(self.steps[p])
+            for i in hit:
+                outs[i] = _reroute(outs[i], old, new)
+            naming.setdefault(new, []).extend(hit)
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
@@ -118,7 +137,7 @@ class _Lowering:
         self.last.append(max(pos[c] for c in consumers))
         self.swap_ins.setdefault(at, []).append((sid, self.alloc[t], -1, ()))
         for c in consumers:
-            self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
+            self._reroute_step(pos[c], t, sid)
         return at
 
     def add_recompute(self, graph: Graph, rc: Recompute) -> None:
@@ -148,7 +167,7 @@ class _Lowering:
         self.last[sid] = max(pos[c] for c in rc.consumers)
         self.recomputes.setdefault(at, []).extend(events)
         for c in rc.consumers:
-            self.steps[pos[c]] = [_reroute(out, t, sid) for out in self.steps[pos[c]]]
+            self._reroute_step(pos[c], t, sid)
 
     def _chain_events(
         self, graph: Graph, rc: Recompute, at: int, external: dict[str, int]
