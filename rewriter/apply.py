@@ -23,7 +23,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
-from rewriter.names import copy_name, is_swap_in, swap_in_name, swap_out_name
+from rewriter.names import (
+    copy_name,
+    is_swap_in,
+    is_swap_op,
+    recompute_chain,
+    swap_in_name,
+    swap_out_name,
+)
 from simulator import (
     Graph,
     GraphError,
@@ -35,7 +42,7 @@ from simulator import (
 )
 from simulator.derive import check_plan
 from simulator.errors import UserError
-from simulator.opsemantics import foldable_ops
+from simulator.opsemantics import PRODUCTS, foldable_ops
 from simulator.swap import lower_plan
 
 __all__ = ["MODES", "TunedStep", "apply_plan", "planned_graph", "validate_plan"]
@@ -57,9 +64,10 @@ class TunedStep:
     triggers: dict[str, str] = field(default_factory=dict)
     devices: tuple[str | None, str | None] = (None, None)
     specs: tuple[Any, ...] = ()
-    #: the captured ops simulated without taking over an input's buffer (products Grappler
-    #: regroups, `rewriter.capture`): the recaptured graph's ops of these names are too
-    not_in_place: frozenset[str] = frozenset()
+    #: the products Grappler regroups (`Graph.rewritten`): in the recaptured graph they take
+    #: over no swap-in's or recompute copy's buffer, as in the plan's simulation
+    #: (`simulator.opsemantics.PRODUCTS`)
+    regrouped: frozenset[str] = frozenset()
 
     def __call__(self, *args: Any) -> Any:
         """Run the step on `args` (converted losslessly to the dtypes it was captured with; at
@@ -90,9 +98,17 @@ class TunedStep:
     def recapture(self) -> Graph:
         """The IR of the rewritten graph: swap-outs on the host, swap-ins new device memory."""
         graph = graph_from_concrete(self.function, self.variables)
-        for name in self.not_in_place & graph.ops.keys():
-            graph.ops[name] = replace(graph.ops[name], inplace=())
+        for name in self.regrouped & graph.ops.keys():
+            op = graph.ops[name]
+            kept = (i for i in op.inplace if not _made_by_plan(op.inputs[i]))
+            graph.ops[name] = replace(op, inplace=tuple(kept))
         return graph
+
+
+def _made_by_plan(tensor: str) -> bool:
+    """A swap-in's or a recompute copy's output."""
+    op = tensor.rpartition(":")[0]
+    return is_swap_op(op) or bool(recompute_chain(op))
 
 
 def validate_plan(captured: Captured, plan: SwapPlan) -> Order:
@@ -173,7 +189,7 @@ def apply_plan(
     devices = (compute_device, host_device) if mode == "device" else (None, None)
     outputs, variables = cf.structured_outputs, captured.variables
     graph = captured.graph
-    kept = frozenset(n for n in graph.rewritten if not graph.ops[n].inplace)
+    kept = frozenset(n for n in graph.rewritten if graph.ops[n].type in PRODUCTS)
     return TunedStep(
         function, plan, mode, tuple(names), outputs, variables, triggers, devices,
         captured.specs, kept,

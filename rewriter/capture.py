@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
@@ -61,24 +61,19 @@ def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
     cf = fn.get_concrete_function(*specs)
     seconds = time.perf_counter() - start
     graph = graph_from_concrete(cf)
-    _regrouped(cf, graph)
+    graph.rewritten = _rewritten(cf, graph)
     return Captured(graph, cf, specs, list(cf.variables), seconds)
 
 
-def _regrouped(cf: Any, graph: Graph) -> None:
-    """Record in `graph` the ops Grappler rewrites (`rewriter.optimized.rewritten_ops`) for
-    the device the step will run on (the first GPU if TensorFlow sees one, else the CPU), and
-    let no product it regroups take over an input's buffer in the simulation: which one it
-    can depends on the regrouping, which a plan's swap-ins change (`Rewrites.products`)."""
+def _rewritten(cf: Any, graph: Graph) -> frozenset[str]:
+    """The ops of `graph` Grappler rewrites (`rewriter.optimized.rewritten_ops`) for the
+    device the step will run on: the first GPU if TensorFlow sees one, else the CPU."""
     import tensorflow as tf
 
     from rewriter.optimized import rewritten_ops
 
     device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
-    rewrites = rewritten_ops(cf, device)
-    graph.rewritten = rewrites.ops & graph.ops.keys()
-    for name in rewrites.products & graph.ops.keys():
-        graph.ops[name] = replace(graph.ops[name], inplace=())
+    return rewritten_ops(cf, device) & graph.ops.keys()
 
 
 def import_step(cf: Any, graph_def: Any, inputs: tuple[Any, ...]) -> tuple[Any, set[str]]:

@@ -9,14 +9,13 @@ it recorded are its ops. Plans are still derived on, and applied to, the capture
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
 from simulator.graph import Graph
 from simulator.opsemantics import REGROUPABLE
 
-__all__ = ["Rewrites", "optimized_graph", "rewritten_ops"]
+__all__ = ["optimized_graph", "rewritten_ops"]
 
 
 def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
@@ -35,21 +34,7 @@ def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
     return graph
 
 
-@dataclass(frozen=True)
-class Rewrites:
-    """What Grappler rewrites in a step (`rewritten_ops`)."""
-
-    #: the sums and products it regroups and the ops it fuses into one kernel
-    ops: frozenset[str]
-    #: the products among them it computes as other products: which buffer such a product
-    #: can take over depends on how Grappler regroups the graph it is given, and a plan's
-    #: swap-ins change that (GELU's backward `grad * erfc` ran as `erfc * 0.5` in the step,
-    #: and as `0.5 * grad`, which allocates since the gradient is read again, once erfc was
-    #: swapped in)
-    products: frozenset[str] = frozenset()
-
-
-def rewritten_ops(cf: Any, device: str = "CPU:0") -> Rewrites:
+def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:
     """The sums and products (`REGROUPABLE`) of the concrete function `cf` that Grappler
     regroups when it optimizes the step for `device` (gone, or computing from other values),
     and the ops it fuses into one kernel (`_fused`).
@@ -59,18 +44,12 @@ def rewritten_ops(cf: Any, device: str = "CPU:0") -> Rewrites:
     before = list(cf.graph.as_graph_def().node)
     after = _optimized_def(cf, device).node
     values = _Values(before, {n.name: n for n in after})
-    out, products = set(), set()
+    out = set()
     for node in before:
         twin = values.kept.get(values.twin[node.name])
         if node.op in REGROUPABLE and (twin is None or values.of(twin) != values.of(node)):
             out.add(node.name)
-            if node.op in _PRODUCTS and twin is not None and twin.op in _PRODUCTS:
-                products.add(node.name)  # not a fused kernel (oneDNN's swish) nor folded
-    return Rewrites(frozenset(out | _fused(before, values.kept)), frozenset(products))
-
-
-#: the products among `REGROUPABLE`
-_PRODUCTS = frozenset({"Mul", "Div", "RealDiv"})
+    return frozenset(out | _fused(before, values.kept))
 
 
 def _fused(before: list[Any], kept: dict[str, Any]) -> set[str]:

@@ -131,6 +131,11 @@ RECOMPUTABLE_HEAVY = frozenset(
 #: down them, each only where no control edge touches the nodes.
 REGROUPABLE = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv"})
 
+#: The products among them: Grappler computes a regrouped product as another product, whose
+#: inputs depend on the graph it is given (a swap-in or a recompute copy among them changes
+#: them), so such a product never takes over a swapped-in or recomputed buffer
+PRODUCTS = frozenset({"Mul", "Div", "RealDiv"})
+
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.
 SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 

@@ -18,6 +18,7 @@ from collections import Counter
 
 from simulator.graph import Graph, Op
 from simulator.memory import Program, _Out, added_visits
+from simulator.opsemantics import PRODUCTS
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapPlan
 
 __all__ = ["lower_plan"]
@@ -30,6 +31,10 @@ def lower_plan(
     the host has finished (from the time model). Raise InvalidPlan for a plan that cannot run."""
     reads = Counter(n for rc in plan.recomputes for n in rc.reads(graph))
     lowered = _Lowering(program, frozenset(n for n, k in reads.items() if k > 1))
+    pos = program.order.position
+    lowered.regrouped = frozenset(
+        pos[n] for n in graph.rewritten if n in pos and graph.ops[n].type in PRODUCTS
+    )
     seen: set[str] = set()
     for swap in plan.swaps:
         if swap.tensor in seen:
@@ -65,6 +70,9 @@ class _Lowering:
         self.copies: dict[tuple[str, int], tuple[int, int]] = {}
         #: per step rerouted so far, which of its output entries name each buffer
         self._naming: dict[int, dict[int, list[int]]] = {}
+        #: the steps of products Grappler regroups (`PRODUCTS`): rerouted, they take over no
+        #: buffer of the swap-in or copy they now read
+        self.regrouped: frozenset[int] = frozenset()
 
     def _reroute_step(self, p: int, old: int, new: int) -> None:
         """Make the outputs of the op at step `p` write into `new` wherever they would have
@@ -79,9 +87,11 @@ class _Lowering:
         hit = naming.pop(old, [])
         if hit:
             outs = self.steps[p] = list(self.steps[p])
+            into = -1 if p in self.regrouped else new
             for i in hit:
-                outs[i] = _reroute(outs[i], old, new)
-            naming.setdefault(new, []).extend(hit)
+                outs[i] = _reroute(outs[i], old, into)
+            if into >= 0:
+                naming.setdefault(into, []).extend(hit)
 
     def add(self, graph: Graph, swap: Swap, released: int) -> None:
         pos = self.base.order.position
@@ -287,6 +297,8 @@ class _Lowering:
 
 
 def _reroute(out: _Out, old: int, new: int) -> _Out:
-    """An output entry of a rerouted consumer that reads `new` wherever it read `old`."""
+    """An output entry of a rerouted consumer that reads `new` wherever it read `old` (with
+    `new` -1, one that takes over `old`'s replacement in no case)."""
     t, nbytes, fwd, cands = out
-    return (t, nbytes, new if fwd == old else fwd, tuple(new if c == old else c for c in cands))
+    moved = tuple(new if c == old else c for c in cands)
+    return (t, nbytes, new if fwd == old else fwd, tuple(c for c in moved if c >= 0))

@@ -323,3 +323,33 @@ def test_backward_swaps_swap_a_gradient_held_for_the_optimizer() -> None:
 def test_a_backward_tensor_read_at_the_next_level_is_no_candidate() -> None:
     ctx = PlanContext.build(training_chain())
     assert not any(c.made_in_backward for c in ctx.candidates)
+
+
+def _product_of_a_swapped_input(regrouped: bool):  # type: ignore[no-untyped-def]
+    """f (4 KiB) is swapped out and in for m = g * f, which may take over either input's
+    buffer; `regrouped`: Grappler regroups m (`Graph.rewritten`)."""
+    from simulator.graph import Graph, TensorKind
+
+    g = Graph("product")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    f = add(g, "f", x, 4096)
+    h = add(g, "h", f, 256)
+    grad = add(g, "gradient_tape/g", h, 4096)
+    m = add(g, "gradient_tape/m", grad + f, 4096, type="Mul", inplace=(0, 1))
+    g.mark_outputs(add(g, "gradient_tape/s", grad + m, 256))
+    if regrouped:
+        g.rewritten = frozenset({"gradient_tape/m"})
+    swap = Swap("f:0", 4096, (SwapIn("gradient_tape/g", ("gradient_tape/m",)),))
+    return g, SwapPlan((swap,))
+
+
+def test_a_regrouped_product_takes_over_no_swapped_in_buffer() -> None:
+    # Grappler regroups a product of a swap-in otherwise than the captured one (GELU's
+    # backward: erfc * 0.5 without swaps, 0.5 * grad once erfc is swapped in)
+    peaks = {}
+    for regrouped in (False, True):
+        g, plan = _product_of_a_swapped_input(regrouped)
+        peaks[regrouped] = simulate_plan(compile_program(g), g, plan).memory.peak_bytes
+    # x, the gradient (read again after m) and the swap-in, whose buffer m takes over
+    assert peaks[False] == 256 + 4096 + 4096 + 256  # and s at the end
+    assert peaks[True] == 256 + 3 * 4096  # m's own buffer beside them
