@@ -70,3 +70,6 @@ def test_an_original_that_differs_from_itself_makes_exact_not_applicable() -> No
     assert _exact_cell({**row, "exact": None}) == "n/a (the original run twice differs in 510/760)"
     assert _exact_cell({**row, "exact": False}) == "no (510/760)"
     assert _exact_cell({**row, "exact": True}) == "yes"
+    # tuned halfway up when the search found no plan at the usual share: said in the cell
+    halfway = _exact_cell({**row, "exact": True, "exact_share": 0.65})
+    assert halfway == "yes (tuned 65% of the way up)"
