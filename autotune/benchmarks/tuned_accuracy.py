@@ -1,7 +1,8 @@
 """Benchmark: measured against predicted peak of tuned steps, on the emulated device.
 
 Run `python -m autotune.benchmarks.tuned_accuracy [--quick] [--processes 3] [--out results]`.
-Each case is `autotune verify` in fresh processes: the tuned step's peak (what it allocated above
+Each case is `autotune verify` (a given plan) or `autotune fit --verify` (the plan fit tunes) in
+fresh processes: the tuned step's peak (what it allocated above
 the bytes in use before it, plus its own inputs, variables and constants) measured by the CPU's
 BFC allocator, median over the processes, against the simulator's prediction of the same plan.
 """
@@ -12,6 +13,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,13 @@ CASES: list[tuple[str, int, int | None, tuple[str, ...]]] = [
     ("tiny-transformer", 128, None, LEAST),
     ("tiny-unet3d", 8, 16, ()),
 ]
+#: (model, batch, device memory): plans `autotune fit` tunes there (20 trials, seed 0) and
+#: verifies in the same process, as a user's `fit --verify` or `tuned.verify()` does
+FITTED: list[tuple[str, int, str]] = [
+    ("tiny-cnn", 256, "80MiB"),
+    ("tiny-transformer", 128, "10MiB"),
+    ("tests/models.py:gelu_block", 64, "47MiB"),
+]
 QUICK = CASES[:1] + CASES[3:4]
 
 
@@ -45,6 +54,28 @@ def _case(
         "batch": batch,
         "cube": cube,
         "plan": " ".join(plan) or "defaults",
+        "swapped": runs[0]["swapped_tensors"],
+        "predicted_peak_bytes": runs[0]["predicted_peak_bytes"],
+        "measured_peak_bytes": median,
+        "measured_each": measured,
+        "error_percent": 100.0 * (runs[0]["predicted_peak_bytes"] / median - 1.0),
+    }
+
+
+def _fitted(model: str, batch: int, memory: str, n: int) -> dict[str, Any]:
+    args = ["fit", "--model", model, "--batch-size", str(batch), "--gpu-memory", memory]
+    args += ["--trials", "20", "--seed", "0", "--safety-ratio", "1", "--verify", "--quiet"]
+    runs = []
+    for _ in range(n):  # each in a fresh study: a stored one would be resumed
+        with tempfile.TemporaryDirectory(prefix="autotune-bench-") as out:
+            runs.append(cli_json(*args, "--out", out)["verification"])
+    measured = [int(r["measured_peak_bytes"]) for r in runs]
+    median = int(statistics.median(measured))
+    return {
+        "model": model,
+        "batch": batch,
+        "cube": None,
+        "plan": f"fit --gpu-memory {memory}",
         "swapped": runs[0]["swapped_tensors"],
         "predicted_peak_bytes": runs[0]["predicted_peak_bytes"],
         "measured_peak_bytes": median,
@@ -89,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for model, batch, cube, plan in QUICK if args.quick else CASES:
         row = _case(model, batch, cube, plan, args.processes)
+        print(f"{model} batch {batch} {row['plan']}: {row['error_percent']:+.1f} %", flush=True)
+        rows.append(row)
+    for model, batch, memory in [] if args.quick else FITTED:
+        row = _fitted(model, batch, memory, args.processes)
         print(f"{model} batch {batch} {row['plan']}: {row['error_percent']:+.1f} %", flush=True)
         rows.append(row)
     write_result(args.out, "tuned_accuracy", _lines(rows, args.processes), {"rows": rows})
