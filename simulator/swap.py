@@ -30,11 +30,10 @@ def lower_plan(
     """`program` with `plan` applied; `release` gives, per tensor, the step by which its copy to
     the host has finished (from the time model). Raise InvalidPlan for a plan that cannot run."""
     reads = Counter(n for rc in plan.recomputes for n in rc.reads(graph))
-    lowered = _Lowering(program, frozenset(n for n, k in reads.items() if k > 1))
     pos = program.order.position
-    lowered.regrouped = frozenset(
-        pos[n] for n in graph.rewritten if n in pos and graph.ops[n].type in PRODUCTS
-    )
+    regrouped = (pos[n] for n in graph.rewritten if n in pos and graph.ops[n].type in PRODUCTS)
+    shared = frozenset(n for n, k in reads.items() if k > 1)
+    lowered = _Lowering(program, shared, frozenset(regrouped))
     seen: set[str] = set()
     for swap in plan.swaps:
         if swap.tensor in seen:
@@ -52,7 +51,12 @@ def lower_plan(
 class _Lowering:
     """Copies of the program's lists, edited swap by swap."""
 
-    def __init__(self, program: Program, shared: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        program: Program,
+        shared: frozenset[str] = frozenset(),
+        regrouped: frozenset[int] = frozenset(),
+    ) -> None:
         self.base = program
         self.steps = list(program.steps)
         self.last = list(program.last_use)
@@ -72,7 +76,7 @@ class _Lowering:
         self._naming: dict[int, dict[int, list[int]]] = {}
         #: the steps of products Grappler regroups (`PRODUCTS`): rerouted, they take over no
         #: buffer of the swap-in or copy they now read
-        self.regrouped: frozenset[int] = frozenset()
+        self.regrouped = regrouped
 
     def _reroute_step(self, p: int, old: int, new: int) -> None:
         """Make the outputs of the op at step `p` write into `new` wherever they would have
