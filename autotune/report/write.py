@@ -208,6 +208,9 @@ def peak_table(tuned: TuningResult, n: int = 10) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["tensor", "MiB", "buffer"])
 
 
+_METHODS = "Methods at this batch (same engine, same budget)"
+
+
 def _headline(tuned: TuningResult) -> tuple[str, pd.DataFrame]:
     """The table the first screen shows beside the facts: the largest size per method when
     that was searched, else the methods at the tuned size."""
@@ -215,9 +218,6 @@ def _headline(tuned: TuningResult) -> tuple[str, pd.DataFrame]:
     if batches is not None:
         return f"Largest {tuned.size_name} per method", batches
     return _METHODS, methods_table(tuned)
-
-
-_METHODS = "Methods at this batch (same engine, same budget)"
 
 
 def _details(tuned: TuningResult) -> list[tuple[str, pd.DataFrame]]:
@@ -264,7 +264,7 @@ def _html(tuned: TuningResult, images: dict[str, Path]) -> str:
     return "\n".join(parts) + "\n"
 
 
-#: A small stylesheet: the facts beside the headline tables, so that they and the first plot
+#: A small stylesheet: the facts beside the headline table, so that they and the first plot
 #: fit a laptop's first screen (checked in tests/autotune/test_report.py)
 _STYLE = (
     "<style>body{font:14px/1.35 system-ui,sans-serif;max-width:75rem;margin:1rem auto;"
