@@ -47,19 +47,7 @@ def _case(
     args = ["verify", "--model", model, "--batch-size", str(batch), *plan]
     args += ["--cube", str(cube)] if cube else []
     runs = [cli_json(*args) for _ in range(n)]
-    measured = [int(r["measured_peak_bytes"]) for r in runs]
-    median = int(statistics.median(measured))
-    return {
-        "model": model,
-        "batch": batch,
-        "cube": cube,
-        "plan": " ".join(plan) or "defaults",
-        "swapped": runs[0]["swapped_tensors"],
-        "predicted_peak_bytes": runs[0]["predicted_peak_bytes"],
-        "measured_peak_bytes": median,
-        "measured_each": measured,
-        "error_percent": 100.0 * (runs[0]["predicted_peak_bytes"] / median - 1.0),
-    }
+    return _row(model, batch, cube, " ".join(plan) or "defaults", runs)
 
 
 def _fitted(model: str, batch: int, memory: str, n: int) -> dict[str, Any]:
@@ -69,13 +57,20 @@ def _fitted(model: str, batch: int, memory: str, n: int) -> dict[str, Any]:
     for _ in range(n):  # each in a fresh study: a stored one would be resumed
         with tempfile.TemporaryDirectory(prefix="autotune-bench-") as out:
             runs.append(cli_json(*args, "--out", out)["verification"])
+    return _row(model, batch, None, f"fit --gpu-memory {memory}", runs)
+
+
+def _row(
+    model: str, batch: int, cube: int | None, plan: str, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """One table row from the verifications of one case: the median measured peak."""
     measured = [int(r["measured_peak_bytes"]) for r in runs]
     median = int(statistics.median(measured))
     return {
         "model": model,
         "batch": batch,
-        "cube": None,
-        "plan": f"fit --gpu-memory {memory}",
+        "cube": cube,
+        "plan": plan,
         "swapped": runs[0]["swapped_tensors"],
         "predicted_peak_bytes": runs[0]["predicted_peak_bytes"],
         "measured_peak_bytes": median,
