@@ -154,6 +154,16 @@ class Engine:
             self._serialized = self._with_edges(edges)
         return self._serialized
 
+    def ordered_like(self, other: Engine) -> Engine:
+        """This step with the order edges `other` (the same step at another size) runs with:
+        one plan's parameters evaluated across sizes without a search of edges at each (that
+        search is most of such an evaluation). `serialized()` when this graph lacks one of
+        their ops, or when either engine keeps a recorded order."""
+        edges = other.serialized().edges
+        if self.recorded or not edges or not all(n in self.graph.ops for e in edges for n in e):
+            return self.serialized()
+        return self._with_edges(edges)
+
     def _order_edges(self) -> tuple[Edge, ...]:
         """Deferral edges (ops made from held buffers wait for their readers' other inputs)
         if they lower the least-memory peak (an op run later may also make a short-lived

@@ -228,20 +228,27 @@ def batch_curve(
     max_tuned: int,
     points: int = 12,
 ) -> BatchCurve:
-    """Simulate both settings on a grid of batch sizes up to past the tuned maximum."""
+    """Simulate both settings on a grid of batch sizes up to past the tuned maximum. The tuned
+    parameters run at every size with the order edges of the tuned size (a size's own edges
+    would be searched for at each point: most of the curve's time), and the time bound is
+    the lower of the plain order's and that order's."""
     from simulator.derive import PlanParams
 
     top = max(max_tuned, max_no_swap, 2)
     grid = sorted({max(2, round(top * 1.15 * i / (points - 1))) for i in range(points)})
+    tuned_at = engine_at(max(max_tuned, 2))
     none, tuned, overhead, bound = [], [], [], []
     for b in grid:
         engine = engine_at(b)
+        ordered = engine.ordered_like(tuned_at) if params.serialize else engine
         bare = engine.evaluate(PlanParams(n_tensors=0))
-        ev = engine.evaluate(params)
+        ev = ordered.evaluate(params)
         none.append(bare.peak_bytes)
         tuned.append(ev.peak_bytes)
         overhead.append(ev.overhead if ev.peak_bytes <= budget_bytes else None)
-        limit = engine.time_bound(budget_bytes)
+        engines = [engine] if ordered is engine else [engine, ordered]
+        limits = [e.time_bound(budget_bytes, ordered=False) for e in engines]
+        limit = min((x for x in limits if x is not None), default=None)
         base = bare.step_seconds
         bound.append(limit / base if limit is not None and base else None)
     return BatchCurve(grid, none, tuned, budget_bytes, max_no_swap, max_tuned, overhead, bound)

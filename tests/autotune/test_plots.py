@@ -11,7 +11,7 @@ from autotune.report import plots  # noqa: E402
 from simulator import Link, get_preset  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
 from simulator.engine import Engine  # noqa: E402
-from tests.simulator.builders import training_chain  # noqa: E402
+from tests.simulator.builders import training_branches, training_chain  # noqa: E402
 
 
 @pytest.fixture
@@ -56,6 +56,15 @@ def test_batch_curve_grid_reaches_past_the_largest_batch(engine: Engine) -> None
     assert curve.tuned[0] == engine.evaluate(PlanParams()).peak_bytes
     assert curve.no_swap[0] == engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
     assert plots.render_batch_curve(curve).axes[0].get_xlabel() == "batch size"
+
+
+def test_batch_curve_orders_every_size_by_the_tuned_sizes_edges() -> None:
+    shared: dict = {}
+    small, big = (Engine.build(training_branches(n), shared=shared) for n in (1 << 20, 1 << 22))
+    params = PlanParams(serialize=True)
+    curve = plots.batch_curve(lambda b: big if b >= 30 else small, params, 1 << 30, 10, 40, 5)
+    assert list(shared["edges"]) == [big.lower_bound]  # none searched for the small size
+    assert curve.tuned[0] == small.ordered_like(big).evaluate(params).peak_bytes
 
 
 def test_search_plots_come_from_optuna(engine: Engine) -> None:

@@ -44,6 +44,21 @@ def test_order_edges_are_shared_between_engines_of_near_sizes_only() -> None:
     assert list(shared["edges"]) == [one.lower_bound, far.lower_bound]  # found again
 
 
+def test_ordered_like_takes_another_sizes_edges_without_a_search() -> None:
+    shared: dict = {}
+    one = Engine.build(training_branches(1 << 20), shared=shared)
+    far = Engine.build(training_branches(1 << 22), shared=shared)
+    assert far.lower_bound > EDGE_REUSE * one.lower_bound
+    ordered = far.ordered_like(one)
+    assert ordered.edges == one.serialized().edges != ()
+    assert list(shared["edges"]) == [one.lower_bound]  # no search at the far size
+    plan = ordered.evaluate(PlanParams(serialize=True)).plan
+    assert plan.order_edges == ordered.edges
+    # a graph without their ops is searched for its own
+    chain = Engine.build(training_chain(), shared=shared)
+    assert chain.ordered_like(one) is chain.serialized() is chain
+
+
 def test_without_parallel_branches_serialize_changes_nothing() -> None:
     engine = Engine.build(training_chain())
     plain = engine.evaluate(PlanParams())
