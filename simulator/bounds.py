@@ -9,17 +9,18 @@ The least step time any plan could reach at a budget (`time_bound_seconds`) is a
 Take the step's live peak without a plan, at step p: a plan that fits the budget must take at
 least `over` = peak - budget of the bytes live at p off the device there (every other change a
 plan makes adds bytes), by swapping them out or by freeing them to recompute them later. A
-swapped tensor live at p has a reader after p, so its swap-out ends before p starts and its
-swap-in is triggered at p or later: the device-to-host stream carries the swapped bytes before
-p, the host-to-device stream after it, and the step lasts at least S/d2h + S/h2d for S swapped
-bytes, however well the copies overlap compute. A recompute re-runs at least the op that makes
-its tensor, so recomputing a tensor adds at least its producer's seconds to the one compute
-stream, which already runs the whole step's compute; recomputing R bytes costs at least the
-cheapest R bytes, per byte, of the tensors a plan could recompute (`tiers`: the forward
-candidates made by a pure op). The bound is the least, over every split of `over` into S + R,
-of the larger of the two. Memory counts allocations, rounded
-up; the link carries the tensors' own bytes, so `over` is first reduced by what the candidates'
-rounding adds (`Engine.time_bound`).
+swapped tensor live at p has a reader after p: its copy to the host ends before p starts (its
+device buffer is free only then) and its copy back starts at p or later. So for S swapped
+bytes p cannot start before S/d2h nor before the ops ahead of it have run, and the rest of the
+step lasts at least S/h2d and at least the compute of p and the ops after it, to which every
+recompute adds: a recompute re-runs the chain that makes its tensor again (`remake_chain`: an
+op that wrote over its input's buffer, as a bias add over a convolution's output, leaves no
+input to start from), after p (made before p, the copy would be live at p). Recomputing R
+bytes costs at least the cheapest R bytes, per byte, of the buffers a plan could recompute
+(`tiers`; an op several chains share split among them). The bound is the least, over every
+split of `over` into S + R, of max(before, S/d2h) + max(after + recompute, S/h2d). Memory
+counts allocations, rounded up; the link carries the tensors' own bytes, so `over` is first
+reduced by what the candidates' rounding adds (`Engine.time_bound`).
 """
 
 from __future__ import annotations
@@ -65,28 +66,42 @@ def _reused_in_place(graph: Graph, op: Op, granularity: int) -> int:
 
 
 def time_bound_seconds(
-    compute: float,
+    before: float,
+    after: float,
     over: int,
     link: Link,
     tiers: Sequence[tuple[int, float]] = (),
 ) -> float:
-    """The least step time of a plan that takes `over` bytes off the device at the peak (see
-    the module's docstring): `compute` is the step's compute seconds, `tiers` the bytes
-    recomputes could free, each with the least seconds per byte their recompute takes."""
+    """The least step time of a plan that takes `over` bytes off the device at the peak step
+    p (see the module's docstring): `before` and `after` are the compute seconds of the ops
+    before p and of p and the ops after it, `tiers` the bytes recomputes could free, each
+    with the least seconds per byte their recompute takes."""
     if over <= 0:
-        return compute
-    k = 1 / link.d2h + 1 / link.h2d  # seconds per swapped byte, out before p and in after it
-    # the compute side grows with the recomputed bytes x, cheapest first (convex), the
-    # transfer side shrinks: the least of their maximum is where they meet, or at an end
-    x, added = 0.0, compute
-    for nbytes, per_byte in sorted(tiers, key=lambda t: t[1]):
-        if added >= (over - x) * k:
+        return before + after
+    cheapest = sorted(tiers, key=lambda t: t[1])
+    most = min(over, sum(n for n, _ in cheapest))
+
+    def step(swapped: float) -> float:  # convex in the swapped bytes: a ternary search
+        recomputed = _recompute_seconds(cheapest, over - swapped)
+        return max(before, swapped / link.d2h) + max(after + recomputed, swapped / link.h2d)
+
+    lo, hi = float(over - most), float(over)
+    for _ in range(_SEARCH_STEPS):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        lo, hi = (lo, b) if step(a) <= step(b) else (a, hi)
+    return min(step(lo), step(over - most), step(over))
+
+
+#: a ternary search's steps: the interval shrinks to (2/3)^100 of `over`, far below a byte
+_SEARCH_STEPS = 100
+
+
+def _recompute_seconds(cheapest: Sequence[tuple[int, float]], nbytes: float) -> float:
+    """The least seconds recomputing `nbytes` takes, the cheapest tiers first."""
+    seconds = 0.0
+    for n, per_byte in cheapest:
+        if nbytes <= 0:
             break
-        meet = (over * k - added + per_byte * x) / (per_byte + k)
-        step = min(nbytes, over - x)
-        if meet <= x + step:
-            return added + per_byte * (meet - x)
-        x, added = x + step, added + per_byte * step
-        if x >= over:
-            break
-    return max(added, (over - x) * k)
+        seconds += per_byte * min(n, nbytes)
+        nbytes -= n
+    return seconds

@@ -56,6 +56,7 @@ __all__ = [
     "check_plan",
     "derive_plan",
     "merge_overlapping",
+    "remake_chain",
     "resolve_sources",
 ]
 
@@ -607,6 +608,21 @@ def _chain(
         ops += [o for o in inner[0] if o not in ops]
         reads |= inner[1]
     return (*ops, producer), reads
+
+
+def remake_chain(ctx: PlanContext, cand: _Candidate) -> tuple[str, ...] | None:
+    """The fewest ops a recompute of `cand` re-runs: its chain of pure ops (at most
+    RECOMPUTE_MAX_OPS, heavy ones too) back to tensors still read at its trigger, as
+    `_recompute_group` builds it. An op that wrote its output over an input dead by then (a
+    bias add over its convolution's output) leaves no input to start from: the chain goes on
+    to that input's producer. None where no recompute can make it."""
+    trigger = _trigger(ctx, cand, cand.readers[0], PlanParams())
+    if trigger is None:
+        return None
+    at = ctx.order.position[trigger]
+    kinds = RECOMPUTABLE | RECOMPUTABLE_HEAVY
+    found = _chain(ctx, cand.producer, at, RECOMPUTE_MAX_OPS, set(), kinds, _Hold())
+    return found[0] if found is not None else None
 
 
 def _selected(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -40,12 +41,11 @@ from simulator.derive import (
     PlanParams,
     RecomputePrice,
     derive_plan,
+    remake_chain,
 )
 from simulator.heap import GRANULARITY, round_up
 from simulator.memory import paused_gc
 from simulator.opsemantics import (
-    RECOMPUTABLE,
-    RECOMPUTABLE_HEAVY,
     SHAPE_ONLY,
     fused_together,
 )
@@ -245,35 +245,49 @@ class Engine:
         without the time model or when no plan fits (the budget under the lower bound)."""
         if self.timeline is None or self.device is None or budget_bytes < self.lower_bound:
             return None
-        peak = self._bare_peak()
-        if ordered and peak > budget_bytes:
-            peak = min(peak, self.serialized()._bare_peak())
         compute = self.timeline.baseline_seconds
+        bound = self._order_time_bound(budget_bytes)
+        if ordered and bound > compute:
+            bound = min(bound, self.serialized()._order_time_bound(budget_bytes))
+        return max(bound, compute)  # the two orders' sums of the same costs may differ in ulps
+
+    def _order_time_bound(self, budget_bytes: int) -> float:
+        """The time bound over plans in this engine's order: split at its live peak's step."""
+        assert self.timeline is not None and self.device is not None
+        bare = self.evaluate(PlanParams(n_tensors=0), allocator=False, timed=False)
+        memory, timeline = bare.result.memory, self.timeline
         # memory counts allocations (rounded up), a link carries a tensor's own bytes: the
         # candidates' rounding could fill this many of the bytes to remove with no transfer
-        over = peak - budget_bytes - self._rounding()
-        return time_bound_seconds(compute, over, self.device.link, self._recompute_tiers())
+        over = memory.live_peak_bytes - budget_bytes - self._rounding()
+        p = memory.peak_step
+        before = timeline.base_end[p] - timeline.cost[p]
+        after = timeline.baseline_seconds - before
+        return time_bound_seconds(before, after, over, self.device.link, self._recompute_tiers())
 
     def _rounding(self) -> int:
         """The bytes the candidate tensors' allocations hold beyond the tensors themselves."""
         sizes = [self.graph.tensors[c.tensor].nbytes for c in self.context.candidates]
         return sum(round_up(n, GRANULARITY) - n for n in sizes)
 
-    def _bare_peak(self) -> int:
-        """The live peak without a plan."""
-        bare = self.evaluate(PlanParams(n_tensors=0), allocator=False, timed=False)
-        return bare.result.memory.live_peak_bytes
-
     def _recompute_tiers(self) -> list[tuple[int, float]]:
-        """Per forward candidate a plan could recompute (made by a pure op), its allocated
-        bytes and its producer's seconds per byte: the least any recompute of it costs."""
+        """Per buffer of a forward candidate a plan could recompute, its allocated bytes and
+        the least seconds per byte any recompute of it costs: the ops its chain must re-run
+        (`remake_chain`: a bias add's output, written over its convolution's, is made again
+        by the convolution too), each op's seconds split among the chains that share it (a
+        plan recomputing several of them may run it once)."""
         cost = self.cost or {}
-        pure = RECOMPUTABLE | RECOMPUTABLE_HEAVY
-        out = []
+        chains: dict[str, tuple[str, ...]] = {}
         for c in self.context.candidates:
-            if not c.made_in_backward and self.graph.ops[c.producer].type in pure:
-                n = round_up(self.graph.tensors[c.tensor].nbytes, GRANULARITY)
-                out.append((n, cost.get(c.producer, 0.0) / n))
+            root = self.graph.buffer_root(c.tensor)
+            if not c.made_in_backward and root not in chains:
+                ops = remake_chain(self.context, c)
+                if ops is not None:
+                    chains[root] = ops
+        sharing = Counter(o for ops in chains.values() for o in ops)
+        out = []
+        for root, ops in chains.items():
+            n = round_up(self.graph.tensors[root].nbytes, GRANULARITY)
+            out.append((n, sum(cost.get(o, 0.0) / sharing[o] for o in ops) / n))
         return out
 
     def _prefetched(

@@ -131,3 +131,34 @@ def test_the_backward_pass_starts_at_its_first_reader_of_an_activation() -> None
     engine = Engine.build(g)
     assert engine.order.position["gradient_tape/stack"] < engine.order.position["f3"]
     assert engine._backward_start == engine.order.position["gradient_tape/b3"]
+
+
+def test_the_time_bound_prices_a_recompute_by_the_ops_it_must_re_run() -> None:
+    # the bias add and the activation overwrite the convolution's buffer in place: freeing
+    # the activation to recompute it means running the convolution again
+    from simulator import get_preset
+
+    g = Graph("conv_bias_relu")
+    mib = 1 << 20
+    x = add(g, "x", [], mib, type="Placeholder", kind=TensorKind.INPUT)
+    conv = add(g, "conv", x, mib, type="Conv2D")
+    bias = add(g, "bias", conv, mib, type="BiasAdd", inplace=(0,))
+    relu = add(g, "relu", bias, mib, type="Relu", inplace=(0,))
+    big = add(g, "big", add(g, "l1", relu, 256), 4 * mib)  # the peak, after relu's reader
+    loss = add(g, "loss", add(g, "l2", big, 256), 256)
+    grad = add(g, "gradient_tape/grad", loss + relu, mib)
+    g.mark_outputs(add(g, "gradient_tape/gx", grad + x, 256))
+    preset = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=1.0)
+    cost = {n: 1e-3 for n in g.ops} | {"conv": 1.0}
+    engine = Engine.build(g, device=preset, cost=cost)
+    compute = sum(cost.values())
+    heavy = PlanParams(n_tensors=0, recompute="cheap", recompute_ops=8, recompute_heavy=1e6)
+    ev = engine.evaluate(heavy)
+    assert [rc.tensor for rc in ev.plan.recomputes] == ["relu:0"]
+    assert "conv" in ev.plan.recomputes[0].ops
+    budget = ev.result.memory.live_peak_bytes
+    bare = engine.evaluate(PlanParams(n_tensors=0)).result.memory.live_peak_bytes
+    assert bare - budget >= mib
+    bound = engine.time_bound(budget)
+    assert bound is not None and ev.step_seconds is not None
+    assert compute + 0.9 <= bound <= ev.step_seconds  # the relu alone would price it at 1 ms
