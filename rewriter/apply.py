@@ -27,6 +27,7 @@ from rewriter.names import (
     copy_name,
     is_swap_in,
     is_swap_op,
+    on_device_name,
     recompute_chain,
     swap_in_name,
     swap_out_name,
@@ -175,7 +176,7 @@ def apply_plan(
         for before, later in plan.order_edges:
             _wait(g.get_operation_by_name(later), g.get_operation_by_name(before))
         copies: dict[tuple[str, int], Any] = {}
-        after = _insert_swaps(g, plan, mode, host_device, copies)
+        after = _insert_swaps(g, plan, mode, (compute_device, host_device), copies)
         with _on(compute_device if mode == "device" else None):
             for trigger, ops in _insert_recomputes(g, plan, copies).items():
                 after.setdefault(trigger, []).extend(ops)
@@ -235,13 +236,18 @@ def _triggers(after: dict[str, list[Any]]) -> dict[str, str]:
 
 
 def _insert_swaps(
-    g: Any, plan: SwapPlan, mode: str, host_device: str, copies: dict[tuple[str, int], Any]
+    g: Any,
+    plan: SwapPlan,
+    mode: str,
+    devices: tuple[str | None, str],
+    copies: dict[tuple[str, int], Any],
 ) -> dict[str, list[Any]]:
     """Add the swap ops of `plan` to the imported graph `g` and reroute the readers; return
     the swap ops by the op they follow (a swap-out its producer, a swap-in its trigger), and
     put each swap-in's output in `copies` by (tensor, k)."""
     import tensorflow as tf
 
+    compute_device, host_device = devices
     after: dict[str, list[Any]] = {}
     for swap in plan.swaps:
         tensor = g.get_tensor_by_name(swap.tensor)
@@ -260,6 +266,8 @@ def _insert_swaps(
             with _on(host_device if mode == "device" else None), tf.control_dependencies([trigger]):
                 back = _swap_in(stored, tensor, mode, swap_in_name(swap.tensor, k))
             after.setdefault(trigger.name, []).append(_keep(back))
+            if mode == "device":
+                back = _on_device(back, compute_device)
             copies[(swap.tensor, k)] = back
             for reader in swap_in.consumers:
                 _reroute(g.get_operation_by_name(reader), tensor, back)
@@ -339,6 +347,19 @@ def _on(device: str | None) -> Any:
     return tf.device(device) if device else contextlib.nullcontext()
 
 
+def _on_device(host_copy: Any, compute_device: str | None) -> Any:
+    """What a device-mode swap-in's readers read: the swap-in's output received on the compute
+    device. Grappler regroups a product with a constant only where both of its other inputs
+    are on the product's device (`ConstantPushDown`): a reader fed from the host directly
+    computed GELU's backward in another order than the original, and rounded otherwise."""
+    import tensorflow as tf
+
+    with _on(compute_device):
+        received = tf.identity(host_copy, name=on_device_name(host_copy.op.name))
+    _keep(received)
+    return received
+
+
 def _keep(t: Any) -> Any:
     """Mark the op of `t` so that Grappler preserves it."""
     from tensorflow.core.framework import attr_value_pb2
@@ -367,7 +388,7 @@ def _swap_in(stored: Any, like: Any, mode: str, name: str) -> Any:
     import tensorflow as tf
 
     if mode == "device":
-        return tf.identity(stored, name=name)
+        return tf.identity(stored, name=name)  # on the host, waiting for its trigger
     fetched = tf.numpy_function(
         _HOST.take, [stored], like.dtype, stateful=True, name=f"{name}/fetch"
     )

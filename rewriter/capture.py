@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
-from rewriter.names import is_host_copy, is_swap_op
+from rewriter.names import is_host_copy, is_swap_op, on_device_name
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
 from simulator.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
@@ -193,11 +193,17 @@ def _variable_bytes(var: Any) -> int:
     return int(shape.num_elements()) * var.dtype.size
 
 
+def _received_only(t: Any) -> bool:
+    """A device-mode swap-in's output, on the host: the compute device reads its receipt."""
+    readers = t.consumers()
+    return bool(readers) and all(r.name == on_device_name(t.op.name) for r in readers)
+
+
 def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]]) -> Tensor:
     kind, nbytes = kinds.get(t.name, (None, None))
     if kind is None:
         kind = TensorKind.CONSTANT if t.op.type == "Const" else TensorKind.TRANSIENT
-    if is_host_copy(t.op.name):
+    if is_host_copy(t.op.name) or _received_only(t):
         kind = TensorKind.HOST
     if t.dtype.name in ("resource", "variant"):
         if kind is not TensorKind.VARIABLE:

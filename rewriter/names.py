@@ -16,13 +16,15 @@ __all__ = [
     "is_swap_in",
     "is_swap_op",
     "is_swap_out",
+    "on_device_name",
     "recompute_chain",
     "swap_in_name",
     "swap_out_name",
 ]
 
 _SWAP_OUT = "swap_out/"
-_SWAP_IN = re.compile(r"/swap_in_\d+_\d+(/fetch(/shape)?)?$")
+_SWAP_IN = re.compile(r"/swap_in_\d+_\d+(/fetch(/shape)?|/received)?$")
+_RECEIVED = "/received"
 _FETCH = ("/fetch", "/fetch/shape")
 _RECOMPUTE = "recompute_"
 
@@ -36,6 +38,11 @@ def swap_in_name(tensor: str, k: int) -> str:
     """Swap-in `k` of `tensor` ('op:port'); an emulated one adds `/fetch` and `/fetch/shape`."""
     op, _, port = tensor.rpartition(":")
     return f"{op}/swap_in_{port}_{k}"
+
+
+def on_device_name(swap_in: str) -> str:
+    """The compute device's receipt of device-mode swap-in `swap_in` (what its readers read)."""
+    return f"{swap_in}{_RECEIVED}"
 
 
 def copy_name(op: str, k: int) -> str:
@@ -59,8 +66,9 @@ def is_host_copy(name: str) -> bool:
 
 
 def is_swap_in(name: str) -> bool:
-    """The op a swap-in's readers read (not a part of an emulated one)."""
-    return is_swap_op(name) and not is_swap_out(name) and not name.endswith(_FETCH)
+    """The op that waits for a swap-in's trigger: not a part of an emulated one, nor a
+    device-mode one's receipt on the compute device."""
+    return is_swap_op(name) and not is_swap_out(name) and not name.endswith((*_FETCH, _RECEIVED))
 
 
 def recompute_chain(name: str) -> str:

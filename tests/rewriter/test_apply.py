@@ -121,6 +121,29 @@ def test_the_gpu_form_on_two_logical_cpus_trains_bitwise_like_the_original(model
     _assert_same_step(model, PlanParams(), mode="device")
 
 
+@pytest.mark.parametrize("params", [PlanParams(), PlanParams(ub=1, sync_out=True)])
+def test_the_gpu_form_of_an_exact_gelu_block_trains_bitwise(params: PlanParams) -> None:
+    # Grappler regroups GELU's backward products with their constants only where the other
+    # inputs are on the product's device: read from the host, the swapped-in terms made it
+    # multiply in another order (11 of 26 variables differed)
+    from tests.models import gelu_block
+
+    a, b = gelu_block(tokens=16), gelu_block(tokens=16)
+    cap_a = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=8)
+    cap_b = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=8)
+    plan = Engine.build(cap_b.graph).evaluate(params, allocator=False, timed=False).plan
+    assert any("Gelu/Erfc" in s.tensor for s in plan.swaps)
+    devices = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
+    tuned = apply_plan(cap_b, plan, mode="device", **devices)
+    inputs = example_tensors(cap_a.specs, seed=7)
+    cap_a.concrete_function(*inputs)
+    tuned(*inputs)
+    state_a = [*a.model.weights, *a.optimizer.variables]
+    state_b = [*b.model.weights, *b.optimizer.variables]
+    for va, vb in zip(state_a, state_b, strict=True):
+        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+
+
 def test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only() -> None:
     # measured: swapping tiny-unet3d's two 3-D poolings changed its first level's weights and
     # momenta by up to 2e-7 after one step (bitwise equal without them)
