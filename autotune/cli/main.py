@@ -345,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     _prepare_environment()
     signal.signal(signal.SIGINT, _on_ctrl_c)
+    sys.unraisablehook = _drop_interrupt_reports
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
@@ -390,6 +391,15 @@ def _on_ctrl_c(_signum: int, _frame: Any) -> None:
     INTERRUPTED.set()
     logging.disable(logging.CRITICAL)
     raise KeyboardInterrupt
+
+
+def _drop_interrupt_reports(unraisable: Any) -> None:
+    """A Ctrl-C that lands in a garbage-collector callback (SQLAlchemy registers some) cannot
+    unwind the program: Python would print it as "Exception ignored" with a traceback. The
+    study stops at its next trial (INTERRUPTED) and the tool says so itself; any other such
+    error is reported as Python does."""
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
 
 
 def _caused_by_interrupt(err: BaseException) -> bool:

@@ -438,9 +438,10 @@ def _constraints(trial: Any) -> list[float]:
     return list(trial.user_attrs.get("constraint", [1.0]))
 
 
-#: Set by the command line's Ctrl-C handler. Python prints and drops a KeyboardInterrupt that
-#: lands in a garbage-collector callback (SQLAlchemy registers some), and a study then runs on;
-#: each trial raises it again at its start, so an interrupted study always stops.
+#: Set by the command line's Ctrl-C handler. Python drops a KeyboardInterrupt that lands in a
+#: garbage-collector callback (SQLAlchemy registers some; the command line keeps it from being
+#: printed), and a study then runs on; each trial raises it again at its start, so an
+#: interrupted study always stops.
 INTERRUPTED = threading.Event()
 
 

@@ -179,6 +179,44 @@ def test_an_error_raised_after_ctrl_c_ends_as_the_interrupt(
     assert "resume" in err and "Traceback" not in err
 
 
+def test_a_ctrl_c_in_a_garbage_collector_callback_prints_no_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seen in CI: the Ctrl-C landed in SQLAlchemy's weakref callback (`_collection_gced`),
+    where Python prints it as "Exception ignored" with a traceback; the study then stopped at
+    its next trial."""
+    import logging
+    import signal
+    import sys
+    import weakref
+
+    import autotune.cli.main as cli
+    from autotune.search.core import INTERRUPTED
+
+    class Held:
+        pass
+
+    def ctrl_c_in_a_callback(_args: object) -> int:
+        held = Held()
+        ref = weakref.ref(held, lambda _: cli._on_ctrl_c(signal.SIGINT, None))
+        del held  # the callback runs here, and its KeyboardInterrupt cannot unwind
+        assert ref() is None and INTERRUPTED.is_set()
+        raise KeyboardInterrupt  # as the study's next trial does
+
+    monkeypatch.setattr(cli, "cmd_models", ctrl_c_in_a_callback)
+    handler, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    sys.unraisablehook = sys.__unraisablehook__  # Python's own, not pytest's
+    try:
+        assert cli.main(["models"]) == 130
+    finally:
+        INTERRUPTED.clear()
+        logging.disable(logging.NOTSET)
+        signal.signal(signal.SIGINT, handler)
+        sys.unraisablehook = hook
+    err = capsys.readouterr().err
+    assert "resume" in err and "Traceback" not in err and "Exception ignored" not in err, err
+
+
 def test_after_ctrl_c_libraries_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
     """Seen in CI: a Ctrl-C while the study's trials were read made SQLAlchemy log "Error
     closing cursor" with a traceback to stderr (logging's last-resort handler)."""
