@@ -525,10 +525,9 @@ def _recompute_group(
 ) -> tuple[tuple[str, ...], int, set[str]] | None:
     """The chain that makes `cand` again for its reader `first`, its trigger's step and the
     tensors it reads, or None."""
-    trigger = _trigger(ctx, cand, first, PlanParams())
-    if trigger is None:
+    at = _recompute_step(ctx, cand, first)
+    if at is None:
         return None
-    at = ctx.order.position[trigger]
     heavy = price is not None and params.recompute_heavy > 0
     kinds = RECOMPUTABLE | RECOMPUTABLE_HEAVY if heavy else RECOMPUTABLE
     nbytes = ctx.graph.tensors[cand.tensor].nbytes
@@ -616,13 +615,19 @@ def remake_chain(ctx: PlanContext, cand: _Candidate) -> tuple[str, ...] | None:
     `_recompute_group` builds it. An op that wrote its output over an input dead by then (a
     bias add over its convolution's output) leaves no input to start from: the chain goes on
     to that input's producer. None where no recompute can make it."""
-    trigger = _trigger(ctx, cand, cand.readers[0], PlanParams())
-    if trigger is None:
+    at = _recompute_step(ctx, cand, cand.readers[0])
+    if at is None:
         return None
-    at = ctx.order.position[trigger]
     kinds = RECOMPUTABLE | RECOMPUTABLE_HEAVY
     found = _chain(ctx, cand.producer, at, RECOMPUTE_MAX_OPS, set(), kinds, _Hold())
     return found[0] if found is not None else None
+
+
+def _recompute_step(ctx: PlanContext, cand: _Candidate, first: tuple[int, str]) -> int | None:
+    """The step whose op triggers a recompute of `cand` for its reader `first` (the default
+    parameters' trigger: the level before it), or None."""
+    trigger = _trigger(ctx, cand, first, PlanParams())
+    return None if trigger is None else ctx.order.position[trigger]
 
 
 def _selected(ctx: PlanContext, cand: _Candidate, params: PlanParams) -> bool:

@@ -239,16 +239,21 @@ class Engine:
         engine = Engine.build(graph, device=self.device, lower_bound=self.lower_bound)
         return engine.evaluate(LEAST_MEMORY, timed=False).result.memory, engine.order
 
-    def time_bound(self, budget_bytes: int, *, ordered: bool = True) -> float | None:
+    def time_bound(
+        self, budget_bytes: int, *, ordered: bool = True, ordered_by: Engine | None = None
+    ) -> float | None:
         """The least step time any plan could reach within `budget_bytes` (see
-        `simulator.bounds`), over plans in this order and, `ordered`, with order edges; None
-        without the time model or when no plan fits (the budget under the lower bound)."""
+        `simulator.bounds`), over plans in this order and, `ordered`, with order edges: those
+        of `ordered_by` (this step with another size's edges, `ordered_like`) if given, else
+        its own (`serialized`); None without the time model or when no plan fits (the budget
+        under the lower bound)."""
         if self.timeline is None or self.device is None or budget_bytes < self.lower_bound:
             return None
         compute = self.timeline.baseline_seconds
         bound = self._order_time_bound(budget_bytes)
         if ordered and bound > compute:
-            bound = min(bound, self.serialized()._order_time_bound(budget_bytes))
+            other = ordered_by or self.serialized()
+            bound = min(bound, other._order_time_bound(budget_bytes))
         return max(bound, compute)  # the two orders' sums of the same costs may differ in ulps
 
     def _order_time_bound(self, budget_bytes: int) -> float:
@@ -262,13 +267,14 @@ class Engine:
         p = memory.peak_step
         before = timeline.base_end[p] - timeline.cost[p]
         after = timeline.baseline_seconds - before
-        return time_bound_seconds(before, after, over, self.device.link, self._recompute_tiers())
+        return time_bound_seconds(before, after, over, self.device.link, self._recompute_tiers)
 
     def _rounding(self) -> int:
         """The bytes the candidate tensors' allocations hold beyond the tensors themselves."""
         sizes = [self.graph.tensors[c.tensor].nbytes for c in self.context.candidates]
         return sum(round_up(n, GRANULARITY) - n for n in sizes)
 
+    @functools.cached_property
     def _recompute_tiers(self) -> list[tuple[int, float]]:
         """Per buffer of a forward candidate a plan could recompute, its allocated bytes and
         the least seconds per byte any recompute of it costs: the ops its chain must re-run

@@ -246,9 +246,7 @@ def batch_curve(
         none.append(bare.peak_bytes)
         tuned.append(ev.peak_bytes)
         overhead.append(ev.overhead if ev.peak_bytes <= budget_bytes else None)
-        engines = [engine] if ordered is engine else [engine, ordered]
-        limits = [e.time_bound(budget_bytes, ordered=False) for e in engines]
-        limit = min((x for x in limits if x is not None), default=None)
+        limit = engine.time_bound(budget_bytes, ordered=ordered is not engine, ordered_by=ordered)
         base = bare.step_seconds
         bound.append(limit / base if limit is not None and base else None)
     return BatchCurve(grid, none, tuned, budget_bytes, max_no_swap, max_tuned, overhead, bound)
