@@ -278,6 +278,32 @@ class Graph:
         out.ops.update(changed)
         return out
 
+    def subgraph(self, keep: set[str]) -> Graph:
+        """The ops in `keep` (one replica's share of a step run on several devices), in this
+        graph's order. A tensor they read from an op left out arrives as by a receive: its
+        producer stays, as a `_Recv` source with no inputs; control edges from ops left out
+        are dropped, as are outputs those ops make."""
+        received = {self.tensors[t].producer for n in keep for t in self.ops[n].inputs} - keep
+        out = Graph(self.name)
+        for name, op in self.ops.items():
+            if name in keep:
+                kept = [c for c in op.control_inputs if c in keep]
+                out.add_op(replace(op, control_inputs=kept), self._unread(op.outputs))
+            elif name in received:
+                source = Op(name, "_Recv", outputs=list(op.outputs), device=op.device)
+                out.add_op(source, self._unread(op.outputs))
+        out.mark_outputs([t for t in self.outputs if self.tensors[t].producer in keep])
+        out.functions = list(self.functions)
+        out.rewritten = self.rewritten & keep
+        out.edge_order = {
+            k: [x for x in v if x in keep] for k, v in self.edge_order.items() if k in keep
+        }
+        return out
+
+    def _unread(self, names: list[str]) -> list[Tensor]:
+        """Copies of tensors `names` with no consumers yet (for a graph being built)."""
+        return [replace(self.tensors[n], consumers=[]) for n in names]
+
     def _copy(self) -> Graph:
         """A copy with its own op table and control edges; tensors are shared."""
         out = Graph(self.name)

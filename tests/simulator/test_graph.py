@@ -122,3 +122,25 @@ def test_the_fingerprint_follows_the_structure_not_the_sizes() -> None:
     assert chain(4).fingerprint() != diamond().fingerprint()
     edged = training_chain().with_control_edges((("f3", "gradient_tape/b3"),))
     assert edged.fingerprint() != training_chain().fingerprint()
+
+
+def test_a_subgraph_receives_what_ops_left_out_make() -> None:
+    # two replicas: each computes on its own input, replica 0 also reduces replica 1's loss
+    g = Graph()
+    for r in ("r0", "r1"):
+        add(g, f"{r}/x", [], 400, kind=TensorKind.INPUT)
+        add(g, f"{r}/h", [f"{r}/x:0"], 800)
+        add(g, f"{r}/loss", [f"{r}/h:0"], 4, control=[f"{r}/x"])
+    add(g, "mean", ["r0/loss:0", "r1/loss:0"], 4, control=["r1/h"])
+    g.mark_outputs(["mean:0", "r1/loss:0"])
+    one = g.subgraph({"r0/x", "r0/h", "r0/loss", "mean"})
+    one.lint()
+    assert list(one.ops) == ["r0/x", "r0/h", "r0/loss", "r1/loss", "mean"]
+    assert one.ops["r1/loss"].type == "_Recv" and one.ops["r1/loss"].inputs == []
+    assert one.ops["mean"].control_inputs == []  # its wait on r1/h is the other device's
+    assert one.tensors["r1/loss:0"].consumers == ["mean"]
+    assert one.outputs == ["mean:0"]
+    assert g.tensors["r0/h:0"].consumers == ["r0/loss"]  # the whole graph is left as it was
+    other = g.subgraph({"r1/x", "r1/h", "r1/loss"})
+    assert list(other.ops) == ["r1/x", "r1/h", "r1/loss"] and other.outputs == ["r1/loss:0"]
+    assert other.persistent_bytes == 400
