@@ -145,15 +145,18 @@ def capture(
     optimizer: Any = None,
     batch_size: int | None = None,
     input_shape: tuple[int, ...] | None = None,
+    distributed: Any = None,
 ) -> Captured:
     """Capture a tf.function step with example args, or a Keras model with loss and optimizer
-    (a step captured already is returned as it is)."""
+    (a step captured already is returned as it is). With `distributed`
+    (`rewriter.replicas.Distributed`) the step runs on several replicas and takes each
+    replica's tensors (`Distributed.flat`)."""
     if isinstance(step, Captured):
         return step
     if not is_keras_model(step):
         if not example_args:
             raise CaptureError("give example arguments (tensors or tf.TensorSpecs) for the step")
-        return capture_function(step, *example_args)
+        return capture_function(step, *example_args, distributed=distributed)
     if loss is None or optimizer is None:
         raise CaptureError("a Keras model needs loss= and optimizer= to build its training step")
     if not example_args:

@@ -10,6 +10,10 @@ loss, optimizer and metrics' updates) at that batch's shapes, tunes it by simula
 `plan=`), rewrites it, and from then on `fit` runs the tuned step; a batch of another size (the
 last, partial one) gets the plan derived there. If the budget fits without swapping, it says so
 and hands `fit` its own step back. Validation, `evaluate` and `predict` are untouched.
+
+Under a `tf.distribute` strategy (a model built in `strategy.scope()`), the step of every
+replica is captured as Keras runs it, each replica's share is tuned for its own device (sizes
+per replica, the host memory shared), and the gradients' reduction is left as it was.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import keras
 
 from autotune.search.core import DEFAULT_SAFETY_RATIO
 from autotune.search.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
+from rewriter.replicas import Distributed
 from simulator.errors import UserError
 
 __all__ = ["SwapCallback"]
@@ -60,10 +65,12 @@ class SwapCallback(keras.callbacks.Callback):
         self.verbose = verbose
         self.tuned: Any = None  # the TuningResult, once tuned
         self._saved: Any = None
-        self._steps: dict[int, Any] = {}
+        self._steps: dict[int | tuple[int, ...], Any] = {}
         self._keras_function: Any = None
         self._step: Any = None
         self._template: Any = None
+        self._distributed: Any = None  # the model's strategy, when it has several replicas
+        self._data: Any = None  # the distributed batch being prepared for
 
     def _scratch(self) -> str:
         """A folder for the study when no `out` is given, removed with the callback (or at
@@ -78,12 +85,8 @@ class SwapCallback(keras.callbacks.Callback):
                 "SwapCallback runs one step per call: compile with steps_per_execution=1"
             )
         strategy = getattr(self.model, "distribute_strategy", None)
-        replicas = getattr(strategy, "num_replicas_in_sync", 1)
-        if replicas > 1:
-            raise UserError(
-                f"SwapCallback does not run on {replicas} replicas ({type(strategy).__name__}) "
-                "yet: its step gets a batch per replica; train on one device"
-            )
+        if getattr(strategy, "num_replicas_in_sync", 1) > 1:
+            self._distributed = Distributed(strategy, None)
         self._keras_function = self.model.train_function
         self.model.train_function = self._train_function
 
@@ -99,6 +102,8 @@ class SwapCallback(keras.callbacks.Callback):
 
     def _train_function(self, iterator: Any) -> Any:
         data = next(iterator)
+        if self._distributed is not None:
+            return self._train_replicas(data)
         tensors = self._tensors(data)
         batch = int(tensors[0].shape[0])
         step = self._steps.get(batch)
@@ -109,6 +114,48 @@ class SwapCallback(keras.callbacks.Callback):
             self.model.train_function = self._keras_function
             return self.tuned.step(*tensors)
         return step(*tensors)
+
+    def _train_replicas(self, data: Any) -> Any:
+        """One step on every replica: `data` is distributed (a share of the batch per replica),
+        each replica's share of the step is tuned for its own device."""
+        dist = self._distributed = Distributed.of(self._distributed.strategy, (data,))
+        tensors, self._data = dist.components((data,)), data
+        per = len(tensors) // len(dist.devices)
+        shares = tuple(int(t.shape[0]) for t in tensors[::per])  # each replica's batch
+        batch = shares[0]
+        step = self._steps.get(batch if len(set(shares)) == 1 else shares)
+        if step is None and len(set(shares)) > 1:  # a last batch the replicas share unevenly
+            step = self._steps[shares] = self._uneven(tensors)
+        if step is None:
+            step = self._steps[batch] = self._prepare(tensors, batch)
+        if step is _KERAS:
+            self.model.train_function = self._keras_function
+            return self.tuned.step(*tensors)
+        return step(data) if step is self.tuned else step(*tensors)
+
+    def _uneven(self, tensors: list[Any]) -> Any:
+        """The step at shares of different sizes (a last batch that does not split evenly):
+        captured at their shapes, with the plan the tuned parameters give there."""
+        from autotune.api import capture
+        from autotune.planfile import load_plan
+        from autotune.run.verify import plan_for, training_step
+
+        if self._step is None or (self.tuned is None and self.plan_path is None):
+            self._prepare(tensors, int(tensors[0].shape[0]))  # tunes at these shapes first
+        if self.plan_path is not None and self._saved is None:
+            self._saved = load_plan(self.plan_path)
+        params = self.tuned.params if self.tuned is not None else self._saved.params
+        captured = capture(self._step, *tensors, distributed=self._distributed)
+        device = self.options["device"]
+        return training_step(captured, plan_for(captured, params, device), device)
+
+    def _replica_steps(self, data: Any) -> Any:
+        """Keras' training step on every replica, its logs reduced as Keras reduces them."""
+        from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+        strategy = self._distributed.strategy
+        outputs = strategy.run(self.model.train_step, args=(data,))
+        return reduce_per_replica(outputs, strategy, reduction="auto")
 
     def _tensors(self, data: Any) -> list[Any]:
         """The batch's tensors (Nones, e.g. no sample weights, left out), remembering where."""
@@ -134,18 +181,28 @@ class SwapCallback(keras.callbacks.Callback):
 
         if self._step is None:
             self._step = tf.function(self._train_step)
+            if self._distributed is not None:
+                self._step = self._distributed.flat(self._replica_steps)
         if self.plan_path is not None:
             return self._from_plan(tensors, batch)
         if self.tuned is not None:
             return self.tuned  # it derives and caches the plan at each batch itself
         return self._tune(tensors, batch)
 
-    def _tune(self, tensors: list[Any], batch: int) -> Any:
+    def _tune(self, tensors: list[Any], batch: int | str) -> Any:
         from autotune.search.tuning import fit
         from autotune.units import format_sized
 
-        self.tuned = fit(self._step, *tensors, progress=self.verbose > 0, **self.options)
+        if self._distributed is None:
+            self.tuned = fit(self._step, *tensors, progress=self.verbose > 0, **self.options)
+        else:  # each replica's share of the step, tuned for its device
+            self.tuned = fit(
+                self._replica_steps, self._data, strategy=self._distributed.strategy,
+                progress=self.verbose > 0, **self.options,
+            )  # fmt: skip
         t = self.tuned
+        if self._distributed is not None:
+            batch = f"{batch} per replica ({len(self._distributed.devices)} replicas)"
         if t.fits_without_swapping:
             self._say(
                 f"fits without swapping at batch {batch}: predicted peak "
@@ -169,7 +226,7 @@ class SwapCallback(keras.callbacks.Callback):
 
         if self._saved is None:
             self._saved = load_plan(self.plan_path)  # type: ignore[arg-type]
-        captured = capture(self._step, *tensors)
+        captured = capture(self._step, *tensors, distributed=self._distributed)
         plan = self._saved.for_step(captured, batch)
         self._say(f"plan {self.plan_path} at batch {batch}: {len(plan.swaps)} tensors swapped")
         return training_step(captured, plan)

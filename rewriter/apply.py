@@ -116,7 +116,7 @@ def validate_plan(captured: Captured, plan: SwapPlan) -> Order:
     """Reject, before anything runs, a plan for another graph or another batch size, one that
     names missing ops or tensors, has a cycle, or reads a tensor while it is only on the host;
     return the categorized order the plan was checked in (its order edges included)."""
-    graph = planned_graph(captured, plan)
+    graph = planned_graph(captured, plan, captured.full_graph)
     for swap in plan.swaps:
         tensor = graph.tensors.get(swap.tensor)
         if tensor is None:
@@ -132,10 +132,11 @@ def validate_plan(captured: Captured, plan: SwapPlan) -> Order:
     return order
 
 
-def planned_graph(captured: Captured, plan: SwapPlan) -> Graph:
-    """The captured graph with the plan's order edges (the graph the plan was simulated on)."""
+def planned_graph(captured: Captured, plan: SwapPlan, graph: Graph | None = None) -> Graph:
+    """The captured graph (or `graph`) with the plan's order edges (the graph the plan was
+    simulated on)."""
     try:
-        return captured.graph.with_control_edges(plan.order_edges)
+        return (graph or captured.graph).with_control_edges(plan.order_edges)
     except GraphError as err:
         raise InvalidPlan(f"plan's order edges do not fit this graph: {err}") from None
 
@@ -169,27 +170,30 @@ def apply_plan(
     names: list[str] = []
     triggers: dict[str, str] = {}
 
+    # a step on several replicas keeps each op on its replica's device
+    scope = compute_device if mode == "device" and not captured.replicas else None
+
     def body(*inputs: Any) -> Any:
         g = tf.compat.v1.get_default_graph()
-        with _on(compute_device if mode == "device" else None):
+        with _on(scope):
             out, fed = import_step(cf, graph_def, inputs)
         for before, later in plan.order_edges:
             _wait(g.get_operation_by_name(later), g.get_operation_by_name(before))
         copies: dict[tuple[str, int], Any] = {}
         after = _insert_swaps(g, plan, mode, (compute_device, host_device), copies)
-        with _on(compute_device if mode == "device" else None):
+        with _on(scope):
             for trigger, ops in _insert_recomputes(g, plan, copies).items():
                 after.setdefault(trigger, []).extend(ops)
         names.extend(op.name for ops in after.values() for op in ops)
         triggers.update(_triggers(after))
         if pin_order:
-            _pin(g, order.ops, after, fed, foldable_ops(captured.graph))
+            _pin(g, order.ops, after, fed, foldable_ops(captured.full_graph))
         return out
 
     function = tf.compat.v1.wrap_function(body, signature=list(captured.specs))
     devices = (compute_device, host_device) if mode == "device" else (None, None)
     outputs, variables = cf.structured_outputs, captured.variables
-    graph = captured.graph
+    graph = captured.full_graph
     kept = frozenset(n for n in graph.rewritten if graph.ops[n].type in PRODUCTS)
     return TunedStep(
         function, plan, mode, tuple(names), outputs, variables, triggers, devices,
@@ -252,7 +256,7 @@ def _insert_swaps(
     for swap in plan.swaps:
         tensor = g.get_tensor_by_name(swap.tensor)
         forward = [op for op in tensor.consumers() if op.name not in swap.rerouted]
-        with _on(host_device if mode == "device" else None):
+        with _on(host_device if mode == "device" else tensor.device):
             stored = _swap_out(tensor, mode, len(swap.swap_ins), swap_out_name(swap.tensor))
         after.setdefault(tensor.op.name, []).append(_keep(stored))
         waiters = [g.get_operation_by_name(swap.waiter)] if swap.waiter else forward
@@ -263,11 +267,12 @@ def _insert_swaps(
             # on the host: the copy back to the device is then sent only once the host-side
             # swap-in has run after its trigger (a device-side swap-in's receive would start
             # the copy as soon as the swap-out is sent, see docs/gpu.md)
-            with _on(host_device if mode == "device" else None), tf.control_dependencies([trigger]):
+            home = host_device if mode == "device" else tensor.device
+            with _on(home), tf.control_dependencies([trigger]):
                 back = _swap_in(stored, tensor, mode, swap_in_name(swap.tensor, k))
             after.setdefault(trigger.name, []).append(_keep(back))
             if mode == "device":
-                back = _on_device(back, compute_device)
+                back = _on_device(back, tensor.device or compute_device)
             copies[(swap.tensor, k)] = back
             for reader in swap_in.consumers:
                 _reroute(g.get_operation_by_name(reader), tensor, back)
@@ -301,9 +306,11 @@ def _insert_recomputes(
 
 
 def _copy_op(g: Any, op: Any, inputs: list[Any], name: str) -> Any:
-    """A new op of `op`'s type and attributes (those of TensorFlow, not ours) on `inputs`."""
+    """A new op of `op`'s type, attributes (those of TensorFlow, not ours) and device on
+    `inputs`."""
     attrs = {k: v for k, v in op.node_def.attr.items() if not k.startswith("_")}
-    return g.create_op(op.type, inputs, [t.dtype for t in op.outputs], name=name, attrs=attrs)
+    with _on(op.device):  # a replica's op is copied onto its replica's device
+        return g.create_op(op.type, inputs, [t.dtype for t in op.outputs], name=name, attrs=attrs)
 
 
 def _pin(

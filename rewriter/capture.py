@@ -31,6 +31,16 @@ class Captured:
     specs: tuple[Any, ...]
     variables: list[Any]
     trace_seconds: float
+    #: for a step run under a strategy: how to call it, and the step of all replicas (`graph`
+    #: is then replica 0's share, and `replicas` every replica's, `rewriter.replicas`)
+    distributed: Any = None
+    whole: Graph | None = None
+    replicas: tuple[Graph, ...] = ()
+
+    @property
+    def full_graph(self) -> Graph:
+        """The graph of the whole step: every replica's ops under a strategy."""
+        return self.whole or self.graph
 
 
 def to_specs(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -51,8 +61,12 @@ def to_specs(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(specs)
 
 
-def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
-    """Trace `step` (a tf.function or a plain callable, which is wrapped) and build its IR."""
+def capture_function(
+    step: Callable[..., Any], *example_args: Any, distributed: Any = None
+) -> Captured:
+    """Trace `step` (a tf.function or a plain callable, which is wrapped) and build its IR.
+    With `distributed` (`rewriter.replicas.Distributed`), `step` runs `strategy.run` itself
+    and `example_args` are each replica's tensors, replica by replica."""
     import tensorflow as tf
 
     fn = step if hasattr(step, "get_concrete_function") else tf.function(step)
@@ -62,7 +76,14 @@ def capture_function(step: Callable[..., Any], *example_args: Any) -> Captured:
     seconds = time.perf_counter() - start
     graph = graph_from_concrete(cf)
     graph.rewritten = _rewritten(cf, graph)
-    return Captured(graph, cf, specs, list(cf.variables), seconds)
+    if distributed is None:
+        return Captured(graph, cf, specs, list(cf.variables), seconds)
+    from rewriter.replicas import replica_graphs
+
+    replicas = replica_graphs(cf, graph, distributed.devices)
+    return Captured(
+        replicas[0], cf, specs, list(cf.variables), seconds, distributed, graph, replicas
+    )
 
 
 def _rewritten(cf: Any, graph: Graph) -> frozenset[str]:
@@ -82,12 +103,20 @@ def import_step(cf: Any, graph_def: Any, inputs: tuple[Any, ...]) -> tuple[Any, 
     its outputs and the names of the placeholders that were fed."""
     import tensorflow as tf
 
-    g = tf.compat.v1.get_default_graph()
-    handles = {ph.name: h for ph, h in zip(cf.graph.internal_captures, cf.captured_inputs)}
-    args = [t.name for t in cf.graph.inputs if t.name not in handles]
+    g, fg = tf.compat.v1.get_default_graph(), cf.graph
+    handles = {ph.name: h for ph, h in zip(fg.internal_captures, fg.external_captures)}
+    # values the step takes anew at each call (a collective's instance key, under a strategy)
+    deferred = (ph.name for ph in fg.deferred_internal_captures)
+    later = dict(zip(deferred, fg.deferred_external_captures))
+    args = [t.name for t in fg.inputs if t.name not in handles and t.name not in later]
     present = {node.name for node in graph_def.node}
     input_map = {a: x for a, x in zip(args, inputs) if a.split(":")[0] in present}
     input_map.update({n: g.capture(h) for n, h in handles.items() if n.split(":")[0] in present})
+    for ph in fg.deferred_internal_captures:
+        if ph.op.name in present:
+            spec = tf.TensorSpec(ph.shape, ph.dtype)
+            value = later[ph.name]  # returns its value as a list of tensors
+            input_map[ph.name] = g.capture_call_time_value(lambda v=value: v()[0], spec)
     outputs = tf.graph_util.import_graph_def(
         graph_def, input_map=input_map, return_elements=[t.name for t in cf.outputs], name=""
     )
@@ -173,7 +202,8 @@ def _placeholder_kinds(cf: Any, variables: list[Any]) -> dict[str, tuple[TensorK
     """Kind (and, for variables, storage bytes) of each placeholder of the function graph."""
     by_handle = {id(v.handle): v for v in variables}
     kinds: dict[str, tuple[TensorKind, int | None]] = {}
-    for ext, internal in zip(cf.captured_inputs, cf.graph.internal_captures):
+    # (not `cf.captured_inputs`: that takes a call-time value, a collective's next key, anew)
+    for ext, internal in zip(cf.graph.external_captures, cf.graph.internal_captures):
         var = by_handle.get(id(ext))
         if var is not None:
             kinds[internal.name] = (TensorKind.VARIABLE, _variable_bytes(var))

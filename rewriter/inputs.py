@@ -26,7 +26,7 @@ def conform(args: tuple[Any, ...], specs: tuple[Any, ...], *, any_batch: bool) -
         raise InputError(f"the step takes {len(specs)} arguments, got {len(args)}")
     out = [_conform(i, a, s, any_batch) for i, (a, s) in enumerate(zip(args, specs))]
     batches = {int(t.shape[0]) for t in out if t.shape.rank}
-    if len(batches) > 1:
+    if any_batch and len(batches) > 1:  # (else each has its spec's: replicas' shares may differ)
         raise InputError(f"the arguments have different batch sizes: {sorted(batches)}")
     return out
 

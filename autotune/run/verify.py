@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.run.gating import GatingReport, check_gating, executed_partitions
@@ -30,11 +30,13 @@ from simulator import (
     simulate_plan,
 )
 from simulator.derive import PlanParams
+from simulator.errors import UserError
 from simulator.heap import GRANULARITY, round_up
 
 __all__ = [
     "Run",
     "Verification",
+    "every_replica",
     "limit_gpu_memory",
     "plan_for",
     "rewrite_captured",
@@ -168,18 +170,43 @@ def rewrite_captured(
     GPU if TensorFlow sees one (swap-outs to the host), else on the emulated device."""
     from autotune.run.measure import current_device
 
-    plan = plan_for(captured, plan, device)
+    plan = every_replica(captured, plan_for(captured, plan, device), device)
     if current_device() == "GPU:0":
         options = {"mode": "device", "compute_device": "/device:GPU:0", **options}
     return apply_plan(captured, plan, **options)
 
 
-def training_step(captured: Captured, plan: SwapPlan) -> Any:
+def every_replica(
+    captured: Captured, plan: SwapPlan, device: str | DevicePreset | None = None
+) -> SwapPlan:
+    """For a step on several replicas, `plan` (replica 0's) with the plan its parameters give
+    on each other replica's share of the step (derived there as `plan_for` does), as one."""
+    if len(captured.replicas) < 2:
+        return plan
+    if not plan.params:
+        raise UserError("a plan for a step on several replicas must come from its parameters")
+    params = PlanParams.from_dict(plan.params)
+    plans = [plan] + [
+        plan_for(replace(captured, graph=graph), params, device) for graph in captured.replicas[1:]
+    ]
+    return SwapPlan(
+        swaps=tuple(s for p in plans for s in p.swaps),
+        params=plan.params,
+        graph_name=plan.graph_name,
+        order_edges=tuple(e for p in plans for e in p.order_edges),
+        recomputes=tuple(r for p in plans for r in p.recomputes),
+    )
+
+
+def training_step(
+    captured: Captured, plan: SwapPlan, device: str | DevicePreset | None = None
+) -> Any:
     """The step to train with under `plan`: the captured step itself when the plan changes
-    nothing (no swap, no recompute, no order edge), else the rewritten one."""
+    nothing (no swap, no recompute, no order edge), else the rewritten one (`device`: the
+    preset the plan was tuned for, to derive it on a step's other replicas)."""
     if not plan.swaps and not plan.recomputes and not plan.order_edges:
         return captured.concrete_function
-    return rewrite_captured(captured, plan)
+    return rewrite_captured(captured, plan, device)
 
 
 def verify_captured(

@@ -124,7 +124,7 @@ class TuningResult:
                 raise UserError("this result holds no captured step to rewrite")
             from autotune.run.verify import training_step
 
-            self._step = training_step(self.captured, self.plan)
+            self._step = training_step(self.captured, self.plan, self.device)
         return self._step
 
     def __call__(self, *args: Any) -> Any:
@@ -135,6 +135,8 @@ class TuningResult:
 
         if self.captured is None:
             return self.step(*args)
+        if self.captured.distributed is not None:  # distributed values: each replica's share
+            args = tuple(self.captured.distributed.components(args))
         inputs = conform(args, self.captured.specs, any_batch=self.recapture is not None)
         batch = batch_of(inputs)
         if batch is None or batch == self.batch_size:
@@ -175,7 +177,7 @@ class TuningResult:
         )
         from autotune.run.verify import training_step
 
-        return training_step(captured, ev.plan)
+        return training_step(captured, ev.plan, self.device)
 
     @property
     def graph_def(self) -> Any:

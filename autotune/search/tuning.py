@@ -38,6 +38,7 @@ from autotune.search.result import BudgetError, NoFitError, TunedGraph, TuningRe
 from autotune.search.studies import default_storage, open_study, study_name
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
+from rewriter.replicas import Distributed
 from simulator import DevicePreset, get_preset
 from simulator.derive import PlanParams
 from simulator.engine import Engine
@@ -163,6 +164,7 @@ def fit(
     batch_size: int | None = None,
     input_shape: tuple[int, ...] | None = None,
     recompute: str = "search",
+    strategy: Any = None,
 ) -> TuningResult:
     """Find the fastest swap plan whose predicted peak fits `gpu_memory` x `safety_ratio` on
     `device` (a preset name; `gpu_memory` defaults to its memory) and whose swapped tensors
@@ -176,12 +178,25 @@ def fit(
     every example argument) and the step is tuned at the largest batch that fits.
     `recompute`: "search" (default) lets the search choose whether to recompute cheap
     element-wise tensors instead of swapping them; "none" never recomputes, "cheap" always.
+    With `strategy` (a `tf.distribute` strategy) the step runs `strategy.run` itself and the
+    example args are distributed values: each replica's share of the step is tuned to fit
+    `gpu_memory` on its own device and an equal share of `host_memory` (the machine's; the
+    replicas of one machine swap into the same host memory); sizes are per replica.
     """
     _check_options(trials, objectives)
     check_recompute(recompute)
     preset = get_preset(device) if isinstance(device, str) else device
-    budget = Budget(_memory(gpu_memory, preset), safety_ratio, resolve_host_memory(host_memory))
-    capture_at = _capturer(step_or_model, example_args, loss, optimizer, batch_size, input_shape)
+    host = resolve_host_memory(host_memory)
+    distributed, named = None, step_or_model
+    if strategy is not None:
+        distributed = Distributed.of(strategy, example_args)
+        example_args = tuple(distributed.components(example_args))
+        step_or_model = distributed.flat(step_or_model)
+        host = host // len(distributed.devices) if host else None  # the machine's, shared
+    budget = Budget(_memory(gpu_memory, preset), safety_ratio, host)
+    capture_at = _capturer(
+        step_or_model, example_args, loss, optimizer, batch_size, input_shape, distributed
+    )
     bars = Progress(progress)
     url = storage or default_storage(Path(out))
     if max_batch:
@@ -196,7 +211,7 @@ def fit(
     batch = _leading_dim(captured.specs)
     engine = _engine(captured, preset)
     name = study or study_name(
-        _model_name(step_or_model), batch or "x", preset.name, budget.bytes, budget.host_bytes,
+        _model_name(named), batch or "x", preset.name, budget.bytes, budget.host_bytes,
         recompute,
     )  # fmt: skip
     bars.stage("baselines")
@@ -255,6 +270,7 @@ def _capturer(
     optimizer: Any,
     batch_size: int | None,
     input_shape: tuple[int, ...] | None,
+    distributed: Distributed | None = None,
 ) -> Callable[[int | None], Captured]:
     """capture(batch): the step captured at `batch` (None: as given)."""
     from autotune.api import capture
@@ -263,10 +279,12 @@ def _capturer(
     def at(batch: int | None) -> Captured:
         if batch is None:
             kw = {"loss": loss, "optimizer": optimizer, "batch_size": batch_size}
-            return capture(step, *example_args, **kw, input_shape=input_shape)
+            return capture(
+                step, *example_args, **kw, input_shape=input_shape, distributed=distributed
+            )
         if example_args:
             specs = [_with_batch(s, batch) for s in to_specs(example_args)]
-            return capture(step, *specs, loss=loss, optimizer=optimizer)
+            return capture(step, *specs, loss=loss, optimizer=optimizer, distributed=distributed)
         return capture(step, loss=loss, optimizer=optimizer, batch_size=batch)
 
     return at

@@ -12,12 +12,20 @@ keras = pytest.importorskip("keras")
 from autotune.keras import SwapCallback  # noqa: E402
 
 
-def _model(seed: int):  # type: ignore[no-untyped-def]
-    """A small CNN with batch norm, dropout and an accuracy metric, compiled as users do."""
-    from keras import layers
-
+def _model(seed: int, strategy=None):  # type: ignore[no-untyped-def]
+    """A small CNN with batch norm, dropout and an accuracy metric, compiled as users do
+    (under `strategy`'s scope if given)."""
     keras.backend.clear_session()  # the same layer names each time: plans name tensors
     keras.utils.set_random_seed(seed)
+    if strategy is None:
+        return _built()
+    with strategy.scope():
+        return _built()
+
+
+def _built():  # type: ignore[no-untyped-def]
+    from keras import layers
+
     inp = keras.Input((16, 16, 3))
     x = layers.Conv2D(16, 3, padding="same", activation="relu")(inp)
     x = layers.BatchNormalization()(x)
@@ -110,34 +118,40 @@ def test_a_callback_without_out_leaves_no_folder_behind() -> None:
     assert not scratch.exists()
 
 
-MIRRORED = """
-import numpy as np
-import autotune
-autotune.use_two_cpus()
-import keras, tensorflow as tf
-from autotune.keras import SwapCallback
-from simulator.errors import UserError
-with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
-    inp = keras.Input((16, 16, 3))
-    x = keras.layers.Conv2D(8, 3, activation="relu")(inp)
-    model = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Flatten()(x)))
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-x, y = np.zeros((32, 16, 16, 3), "float32"), np.zeros((32,), "int32")
-try:
-    model.fit(x, y, batch_size=16, verbose=0, callbacks=[SwapCallback(gpu_memory="2MiB")])
-except UserError as err:
-    print("refused:", err)
-"""
+def _mirrored_twins(cb: SwapCallback):  # type: ignore[no-untyped-def]
+    """`_twins` under MirroredStrategy on the two logical CPUs (conftest), on 99 samples: each
+    replica gets 16 of a batch of 32, and 2 and 1 of the last batch of 3."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x, y = _data()
+    models, histories = [], []
+    for callbacks in ([], [cb]):
+        model = _model(1, strategy)
+        h = model.fit(x[:99], y[:99], batch_size=32, epochs=2, verbose=0, callbacks=callbacks)
+        models.append(model)
+        histories.append(h.history)
+    return models, histories
 
 
-def test_a_model_on_two_replicas_is_refused_in_one_line() -> None:
+def test_fit_on_two_replicas_with_the_callback_or_its_plan_trains_bitwise(tmp_path: Path) -> None:
     # it crashed in the step with "'PerReplica' object has no attribute 'shape'" (issue 38)
-    import subprocess
-    import sys
-
-    run = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "refused: SwapCallback does not run on 2 replicas (MirroredStrategy)" in run.stdout
+    cb = SwapCallback(gpu_memory="1.2MiB", trials=5, safety_ratio=1.0, verbose=0)
+    (a, b), (ha, hb) = _mirrored_twins(cb)
+    assert cb.tuned is not None and cb.tuned.plan.swaps
+    assert cb.tuned.batch_size == 16  # each replica's share is tuned
+    assert cb.tuned.predicted_peak_bytes <= cb.tuned.budget.bytes
+    assert set(cb._steps) == {16, (2, 1)}  # the uneven last batch: the plan derived there
+    step = cb.tuned.step
+    devices = {op.device[-5:] for op in step.function.graph.get_operations() if "swap" in op.name}
+    assert devices == {"CPU:0", "CPU:1"}  # each replica swaps its own tensors
+    assert ha == hb and _same(a, b)
+    # the plan file trains another run with no search
+    again = SwapCallback(plan=cb.save_plan(tmp_path / "plan.json"), verbose=0)
+    (a, b), (ha, hb) = _mirrored_twins(again)
+    assert again.tuned is None
+    assert len(again._steps[16].plan.swaps) == 2 * len(cb.tuned.plan.swaps)  # both replicas'
+    assert ha == hb and _same(a, b)
 
 
 def test_the_callback_is_reachable_from_the_package() -> None:
