@@ -44,6 +44,18 @@ class DevicePreset:
             out = replace(out, d2h_bytes_per_s=link_bytes_per_s, h2d_bytes_per_s=link_bytes_per_s)
         return out
 
+    def sharing_link(self, replicas: int) -> DevicePreset:
+        """This GPU when `replicas` GPUs of one machine share its host link (one PCIe switch):
+        they swap at the same time, each at a `replicas`-th of the bandwidth."""
+        if replicas == 1:
+            return self
+        return replace(
+            self,
+            name=f"{self.name} (link shared by {replicas})",
+            d2h_bytes_per_s=self.d2h_bytes_per_s / replicas,
+            h2d_bytes_per_s=self.h2d_bytes_per_s / replicas,
+        )
+
 
 _V100 = {"sm_count": 80, "clock_mhz": 1530, "memory_bandwidth_bytes_per_s": 900 * GB}
 

@@ -26,7 +26,7 @@ from autotune.cli.options import (
     positive_int,
     size_arg,
 )
-from autotune.cli.output import print_fit, print_simulation, print_verification
+from autotune.cli.output import machine_figures, print_fit, print_simulation, print_verification
 from autotune.search.core import INTERRUPTED
 from autotune.units import format_sized as _sized
 from simulator import PRESETS
@@ -161,7 +161,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     _check_sizes(args)
     preset = get_preset(args.device)
-    host = resolve_host_memory(args.host_memory)
+    if args.shared_link:
+        preset = preset.sharing_link(args.replicas)
+    machine = resolve_host_memory(args.host_memory)
+    host = machine // args.replicas if machine else None  # each replica's share of the host
+    args.batch_size = _per_replica(args.batch_size, args.replicas)
     budget = Budget(args.gpu_memory or preset.memory_bytes, args.safety_ratio, host)
     batch = args.batch_size or "max"
     size = f"maxcube{args.batch_size or 1}" if args.max_cube else batch
@@ -184,11 +188,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
         tuned.verify()
     report = tuned.report(args.out)
     out = {"model": args.model, "study": name, "report": str(report), **tuned.to_dict()}
+    out |= machine_figures(out, args.replicas, machine)
     if args.json:
         print(json.dumps(out))
         return 0
-    print_fit(args, tuned, name, report)
+    print_fit(args, tuned, name, report, out)
     return 0
+
+
+def _per_replica(batch: int | None, replicas: int) -> int | None:
+    """Each replica's share of the global `batch` (which they must share evenly)."""
+    if batch is None or replicas == 1:
+        return batch
+    if batch % replicas:
+        raise UsageError(f"--batch-size {batch} does not split evenly over {replicas} replicas")
+    return batch // replicas
 
 
 def _check_sizes(args: argparse.Namespace) -> None:

@@ -251,6 +251,19 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
         help="host memory swapped tensors may take, e.g. 64GiB (default: on a GPU machine the "
         "smaller of free RAM and TensorFlow's pinned host cap; without one, no limit)",
     )
+    p.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="GPUs of one machine training together (tf.distribute.MirroredStrategy): each "
+        "tunes its share of --batch-size, and they share --host-memory (default 1)",
+    )
+    p.add_argument(
+        "--shared-link",
+        action="store_true",
+        help="the replicas' GPUs share one host link (one PCIe switch): each swaps at a "
+        "--replicas-th of its bandwidth",
+    )
     p.add_argument("--device", choices=sorted(PRESETS), default=DEFAULT_DEVICE, help="GPU preset")
     p.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS, help="Optuna trials")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (reproducible search)")

@@ -117,10 +117,12 @@ def print_verification(v: Any) -> None:
         print(f"{verdict:<12} {_sized(v.memory_bytes)} of device memory (measured, tuned)")
 
 
-def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> None:
+def print_fit(
+    args: argparse.Namespace, tuned: Any, name: str, report: Any, d: dict[str, Any]
+) -> None:
+    """`autotune fit`'s lines; `d`: its JSON fields."""
     from autotune.report.write import batches_table, edge_saving, methods_table, params_line
 
-    d = tuned.to_dict()
     cube = f", cube {d['cube']}" if "cube" in d else ""
     print(
         f"model        {args.model}, batch {d['batch_size']}{cube}, on {d['device']}; budget "
@@ -142,6 +144,8 @@ def print_fit(args: argparse.Namespace, tuned: Any, name: str, report: Any) -> N
         _print_time_bound(d)
         _print_order_edges(tuple(map(tuple, d["order_edges"])), saved=edge_saving(d))
     _print_host(d)
+    if d["replicas"] > 1:
+        _print_machine(d)
     batches = batches_table(tuned)
     if batches is not None:
         size = tuned.size_name
@@ -181,6 +185,34 @@ def _print_host(d: dict[str, Any]) -> None:
     against = f"of {_sized(limit)} allowed" if limit else "(no host limit: --host-memory)"
     print(f"host peak    {_sized(peak)} {against}")
     hint = pinned_hint(peak)
+    if hint:
+        print(f"             {hint}")
+
+
+def machine_figures(d: dict[str, Any], replicas: int, host: int | None) -> dict[str, Any]:
+    """The fit's figures for the whole machine when `replicas` GPUs each run the tuned step
+    (`d`: `TuningResult.to_dict`, per replica; `host`: the machine's host limit)."""
+    out = {
+        "replicas": replicas,
+        "global_batch_size": replicas * d["batch_size"] if d["batch_size"] else None,
+        "machine_host_peak_bytes": replicas * d["predicted_host_peak_bytes"],
+        "machine_host_memory_bytes": host,
+    }
+    for key in ("max_batch_no_swap", "max_batch_tuned"):
+        if d.get(key) is not None:
+            out[f"global_{key}"] = replicas * d[key]
+    return out
+
+
+def _print_machine(d: dict[str, Any]) -> None:
+    """The global batch and the host memory all replicas of the machine take together."""
+    from autotune.search.host import pinned_hint
+
+    n, peak, limit = d["replicas"], d["machine_host_peak_bytes"], d["machine_host_memory_bytes"]
+    against = f"of {_sized(limit)} allowed" if limit else "(no host limit: --host-memory)"
+    print(f"replicas     {n}: batch {d['batch_size']} each, {d['global_batch_size']} in all")
+    print(f"machine host {_sized(peak)} for {n} replicas {against}")
+    hint = pinned_hint(peak)  # TensorFlow's pinned cap is one per process
     if hint:
         print(f"             {hint}")
 

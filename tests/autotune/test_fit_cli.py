@@ -142,6 +142,7 @@ def test_table_output_and_a_model_from_the_users_file(tmp_path: Path) -> None:
         (["--model", "tiny-cnn", "--batch-size", "8", "--recompute", "often"], "invalid choice"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--gpu-memory", "lots"], "size"),
         (["--model", "nofile.py:build", "--batch-size", "8"], "does not exist"),
+        (["--model", "tiny-cnn", "--batch-size", "9", "--replicas", "2"], "split evenly"),
         (
             ["--model", "tiny-cnn", "--batch-size", "256", "--gpu-memory", "1MiB"],
             "smallest device memory that could ever fit is",
@@ -257,6 +258,23 @@ def test_fit_max_batch_keeps_the_host_peak_within_host_memory(tmp_path: Path) ->
     assert out["max_batch_tuned"] < free["max_batch_tuned"]
     text = run_cli(*args, "--host-memory", str(host), "--out", str(tmp_path / "limited")).stdout
     assert "host peak" in text and "limited by   host memory" in text
+
+
+def test_replicas_tune_their_share_of_the_batch_and_of_the_host(tmp_path: Path) -> None:
+    # four GPUs of one machine: each tunes the step alone with a quarter of the host memory
+    base = ("fit", *TINY, "--max-batch", "--trials", "8", "--recompute", "none")
+    free = cli_json(*base, "--out", str(tmp_path / "free"))
+    host = free["predicted_host_peak_bytes"] * 2  # the machine's: half a peak per replica
+    four = cli_json(*base, "--replicas", "4", "--host-memory", str(host), "--out", str(tmp_path))
+    assert four["host_memory_bytes"] == host // 4 and four["machine_host_memory_bytes"] == host
+    assert four["max_batch_limited_by"] == "host memory"  # its quarter, not the machine's
+    assert four["max_batch_tuned"] < free["max_batch_tuned"]
+    assert four["global_max_batch_tuned"] == 4 * four["max_batch_tuned"]
+    assert four["global_batch_size"] == 4 * four["batch_size"]
+    assert four["machine_host_peak_bytes"] == 4 * four["predicted_host_peak_bytes"] <= host
+    text = run_cli(*base, "--replicas", "4", "--host-memory", str(host), "--out", str(tmp_path))
+    assert f"replicas     4: batch {four['batch_size']} each" in text.stdout
+    assert "for 4 replicas of" in text.stdout
 
 
 def test_fit_refuses_a_host_memory_that_is_no_size() -> None:

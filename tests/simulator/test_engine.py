@@ -162,3 +162,29 @@ def test_the_time_bound_prices_a_recompute_by_the_ops_it_must_re_run() -> None:
     bound = engine.time_bound(budget)
     assert bound is not None and ev.step_seconds is not None
     assert compute + 0.9 <= bound <= ev.step_seconds  # the relu alone would price it at 1 ms
+
+
+def test_replicas_sharing_one_link_each_swap_at_their_share_of_it() -> None:
+    from simulator import get_preset
+
+    g = Graph("swap_one")
+    mib = 1 << 20
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    act = add(g, "act", x, mib)
+    big = add(g, "big", add(g, "f", act, 256), 4 * mib)  # the peak, while act waits
+    loss = add(g, "loss", big, 256)
+    g.mark_outputs(add(g, "gradient_tape/grad", loss + act, 256))
+    alone = get_preset("v100-16gb-pcie3").with_overrides(link_bytes_per_s=mib)  # 1 s a swap
+    shared = alone.sharing_link(4)
+    assert shared.name == "v100-16gb-pcie3 (link shared by 4)"
+    assert shared.d2h_bytes_per_s == alone.d2h_bytes_per_s / 4 == shared.h2d_bytes_per_s
+    assert alone.sharing_link(1) is alone
+    cost = {n: 1e-3 for n in g.ops}
+    times = []
+    for preset in (alone, shared):
+        ev = Engine.build(g, device=preset, cost=cost).evaluate(PlanParams(sync_out=True))
+        assert [s.tensor for s in ev.plan.swaps] == ["act:0"]
+        times.append(ev.step_seconds)
+    assert times[0] is not None and times[1] is not None
+    # the step waits for the swap both ways: 1 s each alone, 4 s each on a quarter of the link
+    assert abs(times[0] - 2) < 0.01 and abs(times[1] - 8) < 0.01
