@@ -123,11 +123,11 @@ class SwapCallback(keras.callbacks.Callback):
         per = len(tensors) // len(dist.devices)
         shares = tuple(int(t.shape[0]) for t in tensors[::per])  # each replica's batch
         batch = shares[0]
-        step = self._steps.get(batch if len(set(shares)) == 1 else shares)
-        if step is None and len(set(shares)) > 1:  # a last batch the replicas share unevenly
-            step = self._steps[shares] = self._uneven(tensors)
+        key = batch if len(set(shares)) == 1 else shares  # uneven: a last, partial batch
+        step = self._steps.get(key)
         if step is None:
-            step = self._steps[batch] = self._prepare(tensors, batch)
+            prepared = self._prepare(tensors, batch) if key == batch else self._uneven(tensors)
+            step = self._steps[key] = prepared
         if step is _KERAS:
             self.model.train_function = self._keras_function
             return self.tuned.step(*tensors)
