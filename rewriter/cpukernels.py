@@ -8,8 +8,9 @@ column buffer goes through the allocator and, on a small model, dwarfs every act
 - 2-D: the buffer holds `shard` images, as many as fit a 30 MiB working set (the constant the
   kernels assume for the L3 cache); the input gradient takes one image at a time when the batch
   is 1 or a thread's share of one image's matrices exceeds a 256 KiB L2.
-- 3-D: the same with the L3 size Eigen reads from the CPU, and TensorFlow falls back to an
-  Eigen kernel without the buffer when it would exceed 25 times the op's tensors.
+- 3-D: the same with the L3 size Eigen reads from the CPU (on AMD CPUs the whole package's,
+  `rewriter.cpuid`), and TensorFlow falls back to an Eigen kernel without the buffer when it
+  would exceed 25 times the op's tensors.
 - MaxPoolGrad keeps a copy of the pooled output and its int64 arg-max.
 
 Each rule was checked against the allocator's own record (the profiler's memory events) on a
@@ -29,6 +30,7 @@ _L2_ASSUMED = 256 << 10  # bytes, constant in conv_grad_input_ops.h
 _L3_ASSUMED = 30 << 20  # bytes, constant in the 2-D kernels
 _MAX_OVERHEAD_3D = 25  # kMaxTempAllocationOverhead of the 3-D kernels
 _L3_FILE = "/sys/devices/system/cpu/cpu0/cache/index3/size"
+_AMD = ("AuthenticAMD", "AMDisbetter!")  # the vendors Eigen queries as AMD
 
 Shape = tuple[int, ...]
 
@@ -61,7 +63,15 @@ def cpu_kernels() -> CpuKernels:
 
 
 def _l3_bytes() -> int | None:
-    """The L3 size the kernel reads (one cache's size, as Linux reports it), or None."""
+    """The L3 size the kernels read, or None: Eigen asks the CPU. On AMD CPUs that is the
+    package's L3 (`rewriter.cpuid`); elsewhere one cache's, as Linux reports it."""
+    from rewriter.cpuid import cpuid, eigen_amd_l3_bytes, vendor
+
+    if vendor() in _AMD:
+        top = cpuid(0x80000000)
+        extended = cpuid(0x80000006) if top and top[0] >= 0x80000006 else None
+        if extended and eigen_amd_l3_bytes(extended[3]):
+            return eigen_amd_l3_bytes(extended[3])
     try:
         with open(_L3_FILE) as f:
             text = f.read().strip()
