@@ -228,6 +228,11 @@ def verify_captured(
 
     from autotune.run.measure import _check_setup, current_device, example_tensors
 
+    if captured.replicas:
+        raise UserError(
+            f"verify measures one device; this step runs on {len(captured.replicas)} replicas: "
+            "read each GPU's peak with tf.config.experimental.get_memory_info while training"
+        )
     _check_setup(tf)
     # the schedule is pinned so that the run follows the order the plan was simulated in; the
     # pinned step matches the original to rounding (see rewriter.apply), which verify does not need

@@ -146,6 +146,8 @@ def test_fit_on_two_replicas_with_the_callback_or_its_plan_trains_bitwise(tmp_pa
     devices = {op.device[-5:] for op in step.function.graph.get_operations() if "swap" in op.name}
     assert devices == {"CPU:0", "CPU:1"}  # each replica swaps its own tensors
     assert ha == hb and _same(a, b)
+    with pytest.raises(ValueError, match="verify measures one device; this step runs on 2"):
+        cb.tuned.verify()
     # the plan file trains another run with no search
     again = SwapCallback(plan=cb.save_plan(tmp_path / "plan.json"), verbose=0)
     (a, b), (ha, hb) = _mirrored_twins(again)
