@@ -99,6 +99,71 @@ def test_the_gpu_form_of_a_step_on_two_replicas_trains_bitwise_with_swaps_gated_
     assert out["gated"] == out["swap_ins"] > 0 and out["leaks"] == []
 
 
+#: Keras' own fit with SwapCallback on two replicas, then the GPU form of the step it tuned,
+#: CPU:2 as the host
+KERAS = """
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+import keras
+from autotune.keras import SwapCallback
+from autotune.run.gating import check_gating, executed_partitions
+from autotune.run.verify import rewrite_captured
+from rewriter.names import is_swap_op
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+keras.utils.set_random_seed(1)
+with strategy.scope():
+    inp = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(x)
+    out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(x))
+    model = keras.Model(inp, out)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss, metrics=["accuracy"])
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 16, 16, 3)).astype("float32")
+y = rng.integers(0, 10, size=64)
+cb = SwapCallback(gpu_memory="1.2MiB", trials=5, safety_ratio=1.0, verbose=0, out=sys.argv[1])
+model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[cb])
+tuned = cb.tuned
+dev = rewrite_captured(tuned.captured, tuned.plan, tuned.device, mode="device",
+                       compute_device="/device:CPU:0", host_device="/device:CPU:2")
+data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+batch = next(iter(strategy.experimental_distribute_dataset(data)))
+inputs = tuned.captured.distributed.components((batch,))
+parts = executed_partitions(dev, *inputs)
+report = check_gating(dev, parts, inputs)
+ran = {n.name: n.device[-5:] for pg in parts for n in pg.node if n.name in set(dev.swap_ops)}
+swapped = sorted({d for name, d in ran.items() if is_swap_op(name)})
+made = sorted({(n.startswith("replica_1/"), d) for n, d in ran.items() if not is_swap_op(n)})
+print(json.dumps({
+    "swaps": len(tuned.plan.swaps), "union_swaps": len(dev.plan.swaps), "devices": swapped,
+    "recomputes": made, "gated": report.gated, "swap_ins": len(dev.triggers),
+    "leaks": list(report.leaks),
+}))
+"""
+
+
+def test_the_gpu_form_of_the_callbacks_step_gates_each_replicas_swap_ins_on_the_host(
+    tmp_path: Path,
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", KERAS, str(tmp_path)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["swaps"] > 0 and out["union_swaps"] == 2 * out["swaps"]
+    assert out["devices"] == ["CPU:2"]  # both replicas' swap ops ran on the host
+    assert out["recomputes"] in ([], [[False, "CPU:0"], [True, "CPU:1"]])  # on their replica
+    assert out["gated"] == out["swap_ins"] > 0 and out["leaks"] == []
+
+
 #: one worker of a MultiWorkerMirroredStrategy cluster on this machine (loopback addresses):
 #: argv index, ports, folder, steps; it trains `steps` steps with the tuned step (and, for at
 #: most two steps, the same steps without the tool, to compare with)
