@@ -12,25 +12,9 @@ import pytest
 
 pytestmark = pytest.mark.tf
 
-#: a custom training loop as TensorFlow's guide writes it (`strategy.run` in a tf.function),
-#: two replicas on CPU:0 and CPU:1, CPU:2 as the host of the GPU form: three logical CPUs,
-#: so in a process of its own
-MIRRORED = """
-import json, os, sys
-os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-import numpy as np
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
-import keras
-import autotune
-from autotune.run.gating import check_gating, executed_partitions
-from autotune.run.verify import rewrite_captured
-
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-
+#: the model, optimizer and distributed step both scripts below train (each sets `strategy`)
+BUILD = """
 def build():
-    keras.backend.clear_session()
     keras.utils.set_random_seed(3)
     with strategy.scope():
         model = keras.Sequential([
@@ -55,16 +39,42 @@ def build():
         return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
 
     return model.weights + opt.variables, step
+"""
+
+#: a custom training loop as TensorFlow's guide writes it (`strategy.run` in a tf.function),
+#: two replicas on CPU:0 and CPU:1, CPU:2 as the host of the GPU form: three logical CPUs,
+#: so in a process of its own
+MIRRORED = (
+    """
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+import keras
+import autotune
+from autotune.run.gating import check_gating, executed_partitions
+from autotune.run.verify import rewrite_captured
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+"""
+    + BUILD
+    + """
+def fresh():
+    keras.backend.clear_session()
+    return build()
 
 rng = np.random.default_rng(0)
 x = rng.normal(size=(128, 32, 32, 3)).astype("float32")
 y = rng.integers(0, 10, 128).astype("int32")
 data = tf.data.Dataset.from_tensor_slices((x, y)).batch(128)
 dx, dy = next(iter(strategy.experimental_distribute_dataset(data)))
-va, sa = build()
+va, sa = fresh()
 for _ in range(2):
     sa(dx, dy)
-vb, sb = build()
+vb, sb = fresh()
 tuned = autotune.fit(
     sb, dx, dy, strategy=strategy, gpu_memory="8MiB", trials=5, safety_ratio=1.0, out=sys.argv[1]
 )
@@ -82,6 +92,7 @@ print(json.dumps({
     "leaks": list(report.leaks),
 }))
 """
+)
 
 
 def test_the_gpu_form_of_a_step_on_two_replicas_trains_bitwise_with_swaps_gated_on_the_host(
@@ -167,7 +178,8 @@ def test_the_gpu_form_of_the_callbacks_step_gates_each_replicas_swap_ins_on_the_
 #: one worker of a MultiWorkerMirroredStrategy cluster on this machine (loopback addresses):
 #: argv index, ports, folder, steps; it trains `steps` steps with the tuned step (and, for at
 #: most two steps, the same steps without the tool, to compare with)
-WORKER = """import json, os, sys, time
+WORKER = (
+    """import json, os, sys, time
 index, ports, out, steps = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3], int(sys.argv[4])
 os.environ["TF_CONFIG"] = json.dumps({
     "cluster": {"worker": [f"localhost:{p}" for p in ports]},
@@ -182,32 +194,9 @@ import autotune
 options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=60)
 strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
-def build():
-    keras.utils.set_random_seed(3)
-    with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((32, 32, 3)), keras.layers.Conv2D(16, 3, activation="relu"),
-            keras.layers.Conv2D(16, 3, activation="relu"),
-            keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10),
-        ])
-        opt = keras.optimizers.Adam(1e-3)
-        opt.build(model.trainable_variables)
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)
-            losses = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-            loss = tf.reduce_mean(losses)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    @tf.function
-    def step(x, y):
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
-
-    return model.weights + opt.variables, step
-
+"""
+    + BUILD
+    + """
 rng = np.random.default_rng(index)  # each worker its own share of the global batch
 x = tf.constant(rng.normal(size=(64, 32, 32, 3)).astype("float32"))
 y = tf.constant(rng.integers(0, 10, 64).astype("int32"))
@@ -229,6 +218,7 @@ same = steps <= 2 and all(np.array_equal(np.asarray(u), np.asarray(v)) for u, v 
 digest = float(sum(np.asarray(v, dtype=np.float64).sum() for v in vb))
 print(json.dumps({"same": same, "swaps": len(tuned.plan.swaps), "digest": digest}), flush=True)
 """
+)
 
 
 def _cluster(tmp_path: Path, steps: int) -> list[subprocess.Popen[str]]:
