@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from autotune.actions import fit, measure, rewrite, use_two_cpus, verify
+from autotune.actions import calibrate, fit, measure, rewrite, use_two_cpus, verify
 from autotune.api import Simulation, capture, simulate
 from autotune.run.measure import Measurement, MeasurementError, prepare_measurement
 from autotune.search.tuning import TuningResult
@@ -26,6 +26,7 @@ __all__ = [
     "MeasurementError",
     "Simulation",
     "TuningResult",
+    "calibrate",
     "capture",
     "fit",
     "format_bytes",

@@ -10,8 +10,9 @@ from typing import Any
 from autotune.api import capture
 from autotune.run.measure import Measurement
 from rewriter.capture import Captured
+from simulator.errors import UserError
 
-__all__ = ["fit", "measure", "rewrite", "use_two_cpus", "verify"]
+__all__ = ["calibrate", "fit", "measure", "rewrite", "use_two_cpus", "verify"]
 
 
 def measure(
@@ -113,3 +114,33 @@ def fit(step_or_model: Any, *example_args: Any, **options: Any) -> Any:
     from autotune.search.tuning import fit as _fit
 
     return _fit(step_or_model, *example_args, **options)
+
+
+def calibrate(
+    step_or_model: Any,
+    *example_args: Any,
+    out: str | None = None,
+    base: str | None = None,
+    steps: int = 5,
+    loss: Any = None,
+    optimizer: Any = None,
+    batch_size: int | None = None,
+) -> Any:
+    """Profile the step (a tf.function with example args, or a Keras model with `loss=`,
+    `optimizer=`, `batch_size=`) on this device at its batch and at half of it, probe the host
+    link, and return the `Calibration` (written to `out` when given). Pass it, or its file, as
+    `device=` to `simulate` and `fit`. `base`: the preset whose compute properties and memory
+    describe this GPU (found from the GPU's name where it names one)."""
+    from autotune.calibration import resolve_device
+    from autotune.run.calibrate import calibrate as _calibrate
+    from autotune.search.tuning import leading_dim, step_capturer
+
+    at = step_capturer(step_or_model, example_args, loss, optimizer, batch_size, None)
+    size = batch_size or leading_dim(example_args)
+    if size is None:
+        raise UserError("give batch_size=, or example args whose first dimension is the batch")
+    name = getattr(step_or_model, "name", None) or getattr(step_or_model, "__name__", "step")
+    cal = _calibrate(at, size, model=str(name), steps=steps, base=resolve_device(base))
+    if out is not None:
+        cal.save(out)
+    return cal

@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from autotune.calibration import resolve_device
 from rewriter.capture import Captured, CaptureError, capture_function
 from rewriter.keras_step import input_specs, is_keras_model, training_step
 from simulator import (
@@ -17,7 +18,6 @@ from simulator import (
     Trace,
     executor_order,
     executor_orders,
-    get_preset,
     scheduled_order,
 )
 from simulator.derive import PlanParams
@@ -219,7 +219,7 @@ def simulate_captured(
     """Simulate an already captured step: see `simulate`."""
     _check_choice("schedule", schedule, SCHEDULES)
     _check_choice("costs", costs, COSTS)
-    preset = get_preset(device) if isinstance(device, str) else device
+    preset = resolve_device(device)
     from autotune.run.measure import current_device
     from rewriter.cpukernels import cpu_kernels
 
@@ -263,7 +263,7 @@ def _time_bound(
 ) -> float | None:
     """The time bound at the preset's memory and the default safety ratio, over plans in the
     simulated order (and with order edges when the plan has them)."""
-    if preset is None:
+    if preset is None or not preset.memory_bytes:
         return None
     from autotune.search.core import DEFAULT_SAFETY_RATIO
 
@@ -373,9 +373,9 @@ def build_engine(
         if costs == "measured" and profile is not None:
             cost = dict(profile.seconds)
         else:
-            from rewriter.costs import grappler_costs
+            from rewriter.costs import step_costs
 
-            cost, _ = grappler_costs(captured.concrete_function, preset)
+            cost = step_costs(captured, preset)
     return Engine.build(graph, order=order, device=preset, cost=cost, shared=shared)
 
 

@@ -55,8 +55,8 @@ class SavedPlan:
         return plan_for(captured, self.params)
 
     def _renamed(self, graph: Graph) -> SwapPlan:
-        positions = _positions(graph)
-        if not self.structure or _structure(graph, positions) != self.structure:
+        positions = graph_positions(graph)
+        if not self.structure or structure_digest(graph, positions) != self.structure:
             raise InvalidPlan(
                 f"the plan was saved for another graph (fingerprint {self.fingerprint}, this "
                 f"step's is {graph.fingerprint()}): tune this step, or capture the step the "
@@ -71,21 +71,21 @@ def plan_document(plan: SwapPlan, captured: Captured, batch_size: int | None) ->
     """The JSON form of a plan file: the plan and what it was derived for."""
     graph = captured.graph
     body = plan.to_dict()
-    positions = _positions(graph)
+    positions = graph_positions(graph)
     return {
         "format": FORMAT,
         "versions": _versions(),
         "graph_fingerprint": graph.fingerprint(),
-        "structure_fingerprint": _structure(graph, positions),
+        "structure_fingerprint": structure_digest(graph, positions),
         "batch_size": batch_size,
         **body,
         "positions": {n: positions[n] for n in _strings(body) if n in positions},
     }
 
 
-def _structure(graph: Graph, positions: dict[str, str]) -> str:
+def structure_digest(graph: Graph, positions: dict[str, str]) -> str:
     """A digest of the graph's op types and edges without its names: ops in the graph's order,
-    each input as the position (`_positions`) of its producer and output."""
+    each input as the position (`graph_positions`) of its producer and output."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -96,7 +96,7 @@ def _structure(graph: Graph, positions: dict[str, str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _positions(graph: Graph) -> dict[str, str]:
+def graph_positions(graph: Graph) -> dict[str, str]:
     """Each op's index in the graph's order ("7") and each tensor's ("7:0")."""
     out: dict[str, str] = {}
     for k, op in enumerate(graph.ops.values()):

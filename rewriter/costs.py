@@ -7,18 +7,22 @@ device name to get GPU estimates.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from simulator.devices import DevicePreset
 
-__all__ = ["grappler_costs"]
+__all__ = ["grappler_costs", "step_costs"]
 
-_GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
+_LOG = logging.getLogger("autotune")
+_NOTED: set[str] = set()  # notes said already, each once a process
+_DEVICE = "/job:localhost/replica:0/task:0/device:{}:0"
 
 
 def grappler_costs(cf: Any, preset: DevicePreset) -> tuple[dict[str, float], float]:
-    """({op name: seconds}, seconds the estimate took) for the concrete function `cf`."""
+    """({op name: seconds}, seconds the estimate took) for the concrete function `cf`, on the
+    preset's GPU or, for a calibrated CPU (`preset.kind`), its cores at its clock."""
     import tensorflow as tf
     from tensorflow.core.protobuf import device_properties_pb2
     from tensorflow.python.grappler import cluster as gcluster
@@ -26,25 +30,43 @@ def grappler_costs(cf: Any, preset: DevicePreset) -> tuple[dict[str, float], flo
 
     graph_def = cf.graph.as_graph_def()
     _known_variable_reads(graph_def, cf.graph)
+    device = _DEVICE.format(preset.kind)
     for node in graph_def.node:
-        node.device = _GPU
+        node.device = device
     meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=cf.graph)
     meta.collection_def["train_op"].node_list.value.extend(t.name for t in cf.outputs)
     props = device_properties_pb2.DeviceProperties(
-        type="GPU",
-        vendor="NVIDIA",
+        type=preset.kind,
+        vendor="NVIDIA" if preset.kind == "GPU" else "",
         frequency=preset.clock_mhz,
         num_cores=preset.sm_count,
         memory_size=1 << 50,  # costs do not depend on it; the real limit would refuse big graphs
         bandwidth=int(preset.memory_bandwidth_bytes_per_s / 1000),  # KB/s, as Grappler wants
         environment={"architecture": "7", "cuda": "11000", "cudnn": "8000"},
     )
-    named = device_properties_pb2.NamedDevice(name=_GPU, properties=props)
+    named = device_properties_pb2.NamedDevice(name=device, properties=props)
     cluster = gcluster.Cluster(devices=[named])
     start = time.perf_counter()
     op_perfs, _, _ = cluster.MeasureCosts(gitem.Item(meta))
     seconds = time.perf_counter() - start
     return {p.node: p.compute_cost * 1e-9 for p in op_perfs}, seconds
+
+
+def step_costs(captured: Any, preset: DevicePreset, graph: Any = None) -> dict[str, float]:
+    """Per-op seconds of a captured step (of `graph`, by default the captured graph) on
+    `preset`: from its calibration where it has one (`autotune calibrate`), else Grappler's."""
+    if preset.calibration is None:
+        return grappler_costs(captured.concrete_function, preset)[0]
+    estimate = None
+    if preset.sm_count and preset.clock_mhz:
+        estimate = lambda: grappler_costs(captured.concrete_function, preset)[0]  # noqa: E731
+    costs = preset.calibration.costs(graph or captured.graph, estimate)
+    if (
+        costs.by_type or costs.estimated or costs.unpriced or costs.switched
+    ) and costs.note not in _NOTED:
+        _NOTED.add(costs.note)
+        _LOG.warning("autotune: note: op times: %s", costs.note)
+    return dict(costs.seconds)
 
 
 def _known_variable_reads(graph_def: Any, fg: Any) -> None:

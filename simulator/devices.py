@@ -7,7 +7,8 @@ memory bandwidths, which Grappler's analytical cost model takes as input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from simulator.errors import UserError
 from simulator.timing import Link
@@ -30,6 +31,10 @@ class DevicePreset:
     clock_mhz: int
     memory_bandwidth_bytes_per_s: float
     description: str
+    #: "GPU", or "CPU" for a calibrated CPU (then `sm_count` counts its cores)
+    kind: str = "GPU"
+    #: measured per-op times that replace Grappler's (`autotune.calibration.Calibration`)
+    calibration: Any = field(default=None, compare=False, repr=False)
 
     @property
     def link(self) -> Link:
@@ -57,7 +62,11 @@ class DevicePreset:
         )
 
 
-_V100 = {"sm_count": 80, "clock_mhz": 1530, "memory_bandwidth_bytes_per_s": 900 * GB}
+_V100: dict[str, Any] = {
+    "sm_count": 80,
+    "clock_mhz": 1530,
+    "memory_bandwidth_bytes_per_s": 900 * GB,
+}
 
 PRESETS: dict[str, DevicePreset] = {
     p.name: p

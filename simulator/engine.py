@@ -374,6 +374,12 @@ class Engine:
                 plan, result = self._guarded(params, plan, result, link, timed, allocator)
         return Evaluation(params, plan, result, time.perf_counter() - start)
 
+    def simulate(self, plan: SwapPlan) -> PlanResult:
+        """Simulate a given plan (derived elsewhere) with the allocator and the time model."""
+        link = self.device.link if self.device else None
+        with paused_gc():
+            return self._simulate(plan, link, True, True)
+
     def _plan(self, params: PlanParams, keep: frozenset[str], link: Link | None) -> SwapPlan:
         """The plan of `params` (never recomputing `keep`), with its order edges, prefetched."""
         late = None

@@ -16,11 +16,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from autotune.api import COSTS, SCHEDULES
+from autotune.cli.calibrate import add_calibrate_args, cmd_calibrate
 from autotune.cli.options import (
+    DEVICE_HELP,
     add_device_args,
     add_fit_args,
     add_model_args,
     add_plan_args,
+    device_arg,
     device_preset,
     plan_params,
     positive_int,
@@ -29,7 +32,6 @@ from autotune.cli.options import (
 from autotune.cli.output import machine_figures, print_fit, print_simulation, print_verification
 from autotune.search.core import INTERRUPTED
 from autotune.units import format_sized as _sized
-from simulator import PRESETS
 from simulator.errors import UserError
 
 __all__ = ["main"]
@@ -80,6 +82,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         captured, schedule=args.schedule, device=preset, params=params, costs=args.costs
     )
     out = {"model": args.model, "batch_size": args.batch_size, **sim.to_dict()}
+    if preset is not None and preset.calibration is not None:
+        out["op_times"] = preset.calibration.costs(sim.graph).note
     if args.json:
         print(json.dumps(out))
         return 0
@@ -107,6 +111,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
     print(f"resident     {_sized(m.resident_bytes)}  (held before the step)")
     after = f"after {m.warmup_steps} warm-up step{'s' * (m.warmup_steps > 1)}"
     print(f"peak         {_sized(m.peak_bytes)}  (median of {len(m.peaks)} steps, {after})")
+    ms = (m.step_seconds or 0.0) * 1e3
+    print(f"step time    {ms:.1f} ms  (median of {len(m.steps_seconds)} steps)")
     return 0
 
 
@@ -153,14 +159,16 @@ def _no_gpu() -> bool:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     """Find the fastest swap plan that fits the GPU memory (or the largest batch), by simulation."""
+    from autotune.calibration import resolve_device
     from autotune.search.core import Budget
     from autotune.search.studies import study_name
     from autotune.search.tuning import fit, resolve_host_memory
     from autotune.zoo import resolve_model
-    from simulator import get_preset
 
     _check_sizes(args)
-    preset = get_preset(args.device)
+    preset = resolve_device(args.device)
+    if not (args.gpu_memory or preset.memory_bytes):
+        raise UsageError(f"{args.device} does not say the device's memory: give --gpu-memory")
     if args.shared_link:
         preset = preset.sharing_link(args.replicas)
     machine = resolve_host_memory(args.host_memory)
@@ -257,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify": cmd_verify,
         "fit": cmd_fit,
         "bench": cmd_bench,
+        "calibrate": cmd_calibrate,
     }
     for name, fn in commands.items():
         p = sub.add_parser(name, help=(fn.__doc__ or "").strip(), description=fn.__doc__)
@@ -265,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true", help="print one JSON object")
         elif name == "fit":
             add_fit_args(p)
+        elif name == "calibrate":
+            add_model_args(p)
+            add_calibrate_args(p)
         elif name == "bench":
             p.add_argument("--quick", action="store_true", help="tiny models only (CI-sized)")
             p.add_argument("--out", help="folder (default results/, or results/quick with --quick)")
@@ -284,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--steps", type=positive_int, default=3, help="measured steps")
             p.add_argument(
                 "--device",
-                choices=sorted(PRESETS),
-                help="derive the plan with this GPU preset's time model (needed by --prefetch)",
+                type=device_arg,
+                help=f"derive the plan with this time model (needed by --prefetch): {DEVICE_HELP}",
             )
             p.add_argument(
                 "--dry-run",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.calibration import resolve_device
 from autotune.units import parse_size
-from simulator import PRESETS, DevicePreset, get_preset
+from simulator import PRESETS, DevicePreset
 from simulator.derive import RECOMPUTE_MODES, TRIGGER_STRATEGIES, PlanParams
 from simulator.errors import UserError
 
@@ -14,6 +15,7 @@ __all__ = [
     "add_fit_args",
     "add_model_args",
     "add_plan_args",
+    "device_arg",
     "device_preset",
     "plan_params",
     "positive_int",
@@ -186,7 +188,7 @@ def plan_params(args: argparse.Namespace) -> PlanParams | None:
 def add_device_args(p: argparse.ArgumentParser) -> None:
     """A device preset, optionally with memory and link bandwidth given by hand."""
     g = p.add_argument_group("device")
-    g.add_argument("--device", choices=sorted(PRESETS), help="GPU preset for the time model")
+    g.add_argument("--device", type=device_arg, help=f"time model: {DEVICE_HELP}")
     g.add_argument("--gpu-memory", type=size_arg, help="device memory, e.g. 16GiB (overrides)")
     g.add_argument(
         "--link-bandwidth",
@@ -201,8 +203,23 @@ def device_preset(args: argparse.Namespace) -> DevicePreset | None:
         if args.gpu_memory is not None or args.link_bandwidth is not None:
             raise UserError("--gpu-memory and --link-bandwidth refine a --device preset; name one")
         return None
-    return get_preset(args.device).with_overrides(
+    return resolve_device(args.device).with_overrides(
         memory_bytes=args.gpu_memory, link_bytes_per_s=args.link_bandwidth
+    )
+
+
+DEVICE_HELP = (
+    f"a preset ({', '.join(sorted(PRESETS))}) or a profile that `autotune calibrate` wrote (*.json)"
+)
+
+
+def device_arg(text: str) -> str:
+    """A device preset's name, or the path of a calibration profile, for argparse."""
+    if text in PRESETS or text.endswith(".json"):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown device {text!r}; choose a preset ({', '.join(sorted(PRESETS))}) or a "
+        "calibration profile (*.json)"
     )
 
 
@@ -229,7 +246,6 @@ def ratio_arg(text: str) -> float:
 def add_fit_args(p: argparse.ArgumentParser) -> None:
     from autotune.search.core import DEFAULT_SAFETY_RATIO, RECOMPUTE_CHOICES
     from autotune.search.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
-    from simulator import PRESETS
 
     p.add_argument(
         "--model", required=True, help="zoo model name, or path/to/file.py:build_function"
@@ -264,7 +280,9 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
         help="the replicas' GPUs share one host link (one PCIe switch): each swaps at a "
         "--replicas-th of its bandwidth",
     )
-    p.add_argument("--device", choices=sorted(PRESETS), default=DEFAULT_DEVICE, help="GPU preset")
+    p.add_argument(
+        "--device", type=device_arg, default=DEFAULT_DEVICE, help=f"the GPU: {DEVICE_HELP}"
+    )
     p.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS, help="Optuna trials")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (reproducible search)")
     p.add_argument(

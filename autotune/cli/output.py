@@ -78,7 +78,9 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
             f"time bound   {bound * 1e3:.2f} ms  ({bound / sim.baseline_step_seconds:.3f}x: the "
             "least any plan could reach within the device memory)"
         )
-    if preset is not None:
+    if preset is not None and preset.calibration is not None:
+        print(f"op times     {preset.calibration.costs(sim.graph).note}")
+    if preset is not None and preset.memory_bytes:
         fits = "fits" if r.peak_bytes <= preset.memory_bytes else "does NOT fit"
         print(f"device       {fits} in {_sized(preset.memory_bytes)}")
     if sim.cpu_kernels is not None:
@@ -102,14 +104,16 @@ def print_verification(v: Any) -> None:
         for gate in [g for g in v.gating.gates if not g.gated][:3]:
             print(f"             NOT gated: {gate.swap_in}: {gate.reason}")
     _print_order_edges(v.plan.order_edges)
-    for label, run, pred in (
-        ("tuned", v.tuned, v.predicted_peak_bytes),
-        ("original", v.baseline, v.baseline_predicted_peak_bytes),
-    ):
+    for label, run, pred, seconds in (
+        ("tuned", v.tuned, v.predicted_peak_bytes, v.predicted_step_seconds),
+        ("original", v.baseline, v.baseline_predicted_peak_bytes,
+         v.baseline_predicted_step_seconds),
+    ):  # fmt: skip
         measured = _sized(run.peak_bytes) if run.peak_bytes else run.error
         print(f"{label:<12} measured {measured}, predicted {_sized(pred)}")
         if run.step_seconds is not None:
-            print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {v.steps})")
+            said = f", predicted {seconds * 1e3:.1f} ms ({v.time_model})" if seconds else ""
+            print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {v.steps}){said}")
     if v.error_percent is not None:
         print(f"error        {v.error_percent:+.1f} % (predicted against measured, tuned)")
     if v.memory_bytes is not None:

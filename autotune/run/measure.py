@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,12 @@ class Measurement:
     resident_bytes: int
     peaks: tuple[int, ...]
     warmup_steps: int = 1
+    #: wall seconds of each measured step (each waits for its outputs), and their median
+    steps_seconds: tuple[float, ...] = ()
+
+    @property
+    def step_seconds(self) -> float | None:
+        return statistics.median(self.steps_seconds) if self.steps_seconds else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -39,6 +46,8 @@ class Measurement:
             "resident_bytes": self.resident_bytes,
             "peaks": list(self.peaks),
             "warmup_steps": self.warmup_steps,
+            "step_seconds": self.step_seconds,
+            "steps_seconds": list(self.steps_seconds),
         }
 
 
@@ -103,7 +112,8 @@ def example_tensors(specs: tuple[Any, ...], seed: int = 0) -> list[Any]:
 
 
 def measure(captured: Captured, *args: Any, repeats: int = 3, warmup: int = 1) -> Measurement:
-    """Measure the captured step: `warmup` steps first, then the median peak over `repeats`.
+    """Measure the captured step: `warmup` steps first, then the median peak and wall time
+    over `repeats`.
 
     One warm-up step measures a run's first steps, as the simulator predicts them. On the CPU
     TensorFlow's executor runs cheap kernels inline only after about 90 steps (see README), so
@@ -118,12 +128,17 @@ def measure(captured: Captured, *args: Any, repeats: int = 3, warmup: int = 1) -
     inputs = list(args) or example_tensors(captured.specs)
     for _ in range(warmup):
         fn(*inputs)
-    peaks, resident = [], []
+    peaks, resident, seconds = [], [], []
     for _ in range(repeats):
         tf.config.experimental.reset_memory_stats(device)
         resident.append(int(tf.config.experimental.get_memory_info(device)["current"]))
+        start = time.perf_counter()
         out = fn(*inputs)
+        tf.nest.map_structure(lambda t: t.numpy(), out)
+        seconds.append(time.perf_counter() - start)
         peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
         del out
     median = int(statistics.median(peaks))
-    return Measurement(device, median, int(statistics.median(resident)), tuple(peaks), warmup)
+    return Measurement(
+        device, median, int(statistics.median(resident)), tuple(peaks), warmup, tuple(seconds)
+    )

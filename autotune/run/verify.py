@@ -26,7 +26,6 @@ from simulator import (
     SimResult,
     SwapPlan,
     compile_program,
-    get_preset,
     simulate_plan,
 )
 from simulator.derive import PlanParams
@@ -72,6 +71,11 @@ class Verification:
     dry_run: bool = False
     #: the device memory the step was tuned for, if known: the tuned step fits only within it
     memory_bytes: int | None = None
+    #: the time model's step seconds, tuned and original, and the device it models (on a GPU,
+    #: or with a calibration profile of this machine: a preset's GPU says nothing of a CPU)
+    predicted_step_seconds: float | None = None
+    baseline_predicted_step_seconds: float | None = None
+    time_model: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -103,6 +107,9 @@ class Verification:
             "error_percent": self.error_percent,
             "step_seconds": self.tuned.step_seconds,
             "baseline_step_seconds": self.baseline.step_seconds,
+            "predicted_step_seconds": self.predicted_step_seconds,
+            "baseline_predicted_step_seconds": self.baseline_predicted_step_seconds,
+            "time_model": self.time_model,
             "fits": self.fits,
             "memory_bytes": self.memory_bytes,
             "error": self.tuned.error,
@@ -154,9 +161,10 @@ def plan_for(
     if isinstance(plan, SwapPlan):
         return plan
     from autotune.api import build_engine
+    from autotune.calibration import resolve_device
     from autotune.search.tuning import DEFAULT_DEVICE
 
-    preset = device if isinstance(device, DevicePreset) else get_preset(device or DEFAULT_DEVICE)
+    preset = resolve_device(device or DEFAULT_DEVICE)
     return build_engine(captured, preset).evaluate(plan).plan
 
 
@@ -259,6 +267,7 @@ def verify_captured(
         _predict(planned_graph(captured, p), p, BFCModel(allow_growth=on_cpu), on_cpu)
         for p in (tuned.plan, SwapPlan())
     )
+    model, times = _predicted_seconds(captured, (tuned.plan, SwapPlan()), preset, device)
     return Verification(
         "GPU:0" if device == "GPU:0" else "emulated",
         tuned.plan,
@@ -272,7 +281,29 @@ def verify_captured(
         gating,
         dry_run,
         memory_bytes,
+        *times,
+        model,
     )
+
+
+def _predicted_seconds(
+    captured: Captured,
+    plans: tuple[SwapPlan, SwapPlan],
+    preset: str | DevicePreset | None,
+    device: str,
+) -> tuple[str | None, tuple[float | None, float | None]]:
+    """The time model's name and its step seconds for each plan: on a GPU for `preset` (a
+    preset or calibration profile; default fit's), elsewhere only for a calibration profile."""
+    from autotune.api import build_engine
+    from autotune.calibration import resolve_device
+    from autotune.search.tuning import DEFAULT_DEVICE
+
+    model = resolve_device(preset or DEFAULT_DEVICE)
+    if model.calibration is None and device != "GPU:0":
+        return None, (None, None)
+    engine = build_engine(captured, model)
+    tuned, base = (engine.simulate(p).time for p in plans)
+    return model.name, (tuned.step_seconds if tuned else None, base.step_seconds if base else None)
 
 
 def resident_bytes(graph: Graph) -> int:

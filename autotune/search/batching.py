@@ -157,9 +157,9 @@ class CapturedSteps:
 
 
 def _costs(captured: Captured, device: DevicePreset) -> dict[str, float]:
-    from rewriter.costs import grappler_costs
+    from rewriter.costs import step_costs
 
-    return grappler_costs(captured.concrete_function, device)[0]
+    return step_costs(captured, device)
 
 
 @dataclass

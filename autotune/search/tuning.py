@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.calibration import resolve_device
 from autotune.progress import Progress
 from autotune.search.baselines import (
     warm_starts,
@@ -50,7 +51,9 @@ __all__ = [
     "TunedGraph",
     "TuningResult",
     "fit",
+    "leading_dim",
     "resolve_host_memory",
+    "step_capturer",
     "tune_captured",
 ]
 
@@ -185,7 +188,7 @@ def fit(
     """
     _check_options(trials, objectives)
     check_recompute(recompute)
-    preset = get_preset(device) if isinstance(device, str) else device
+    preset = resolve_device(device)
     host = resolve_host_memory(host_memory)
     distributed, named = None, step_or_model
     if strategy is not None:
@@ -194,13 +197,13 @@ def fit(
         step_or_model = distributed.flat(step_or_model)
         host = host // len(distributed.devices) if host else None  # the machine's, shared
     budget = Budget(_memory(gpu_memory, preset), safety_ratio, host)
-    capture_at = _capturer(
+    capture_at = step_capturer(
         step_or_model, example_args, loss, optimizer, batch_size, input_shape, distributed
     )
     bars = Progress(progress)
     url = storage or default_storage(Path(out))
     if max_batch:
-        given = batch_size or _leading_dim(example_args)
+        given = batch_size or leading_dim(example_args)
         opts = {"trials": trials, "seed": seed, "storage": url, "objectives": objectives,
                 "batch_size": given, "recompute": recompute}  # fmt: skip
         return _fit_max_batch(capture_at, preset, budget, study, bars, **opts)
@@ -208,7 +211,7 @@ def fit(
     bars.stage("tracing the step")
     captured = capture_at(None)
     bars.stage("estimating op costs")
-    batch = _leading_dim(captured.specs)
+    batch = leading_dim(captured.specs)
     engine = _engine(captured, preset)
     name = study or study_name(
         _model_name(named), batch or "x", preset.name, budget.bytes, budget.host_bytes,
@@ -237,6 +240,8 @@ def _memory(gpu_memory: int | str | None, preset: DevicePreset) -> int:
     from autotune.units import parse_size
 
     if gpu_memory is None:
+        if not preset.memory_bytes:
+            raise UserError(f"{preset.description} does not say its memory: give gpu_memory")
         return preset.memory_bytes
     return parse_size(gpu_memory) if isinstance(gpu_memory, str) else int(gpu_memory)
 
@@ -263,7 +268,7 @@ def _model_name(step_or_model: Any) -> str:
     return str(getattr(step_or_model, "name", None) or getattr(step_or_model, "__name__", "step"))
 
 
-def _capturer(
+def step_capturer(
     step: Any,
     example_args: tuple[Any, ...],
     loss: Any,
@@ -290,7 +295,7 @@ def _capturer(
     return at
 
 
-def _leading_dim(example_args: tuple[Any, ...]) -> int | None:
+def leading_dim(example_args: tuple[Any, ...]) -> int | None:
     """The batch size of example arguments or specs (their first dimension), if they give one."""
     from rewriter.capture import to_specs
 

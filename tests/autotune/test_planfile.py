@@ -59,7 +59,7 @@ SHIFTED = """
 import json, sys
 import numpy as np
 import autotune
-from autotune.planfile import _positions
+from autotune.planfile import graph_positions
 from autotune.run.measure import example_tensors
 from autotune.zoo import get_entry
 get_entry("tiny-transformer").build()  # takes names: this process's layers are named otherwise
@@ -67,7 +67,7 @@ a, b = get_entry("tiny-cnn").build(), get_entry("tiny-cnn").build()
 kw = {"batch_size": 256}
 original = autotune.capture(a.model, loss=a.loss, optimizer=a.optimizer, **kw)
 tuned = autotune.rewrite(b.model, loss=b.loss, optimizer=b.optimizer, plan=sys.argv[1], **kw)
-where = _positions(autotune.capture(b.model, loss=b.loss, optimizer=b.optimizer, **kw).graph)
+where = graph_positions(autotune.capture(b.model, loss=b.loss, optimizer=b.optimizer, **kw).graph)
 inputs = example_tensors(original.specs, seed=7)
 same = bool(np.array_equal(original.concrete_function(*inputs).numpy(), tuned(*inputs).numpy()))
 state = zip([*a.model.weights, *a.optimizer.variables], [*b.model.weights, *b.optimizer.variables])
