@@ -107,7 +107,7 @@ def _scratch(a: Op, b: Op, device: str) -> tuple[bool, bool] | None:
 def _op_seconds(captured: Captured, steps: int) -> tuple[dict[str, float], float]:
     """Each op's median seconds over `steps` profiled steps, brought to the median wall time
     of a step (`_to_wall`); and that wall time."""
-    from autotune.run.measure import example_tensors
+    from autotune.run.measure import current_device, example_tensors
     from autotune.run.profile import trace_ops
 
     fn = captured.concrete_function
@@ -119,7 +119,8 @@ def _op_seconds(captured: Captured, steps: int) -> tuple[dict[str, float], float
         for _ in range(steps):
             _run(fn, inputs)
 
-    events = trace_ops(profiled, names, "calibrate")
+    gpu = current_device() == "GPU:0"
+    events = trace_ops(profiled, names, "calibrate", gpu=gpu)
     runs: dict[str, list[float]] = {}
     for _, name, seconds in events:
         runs.setdefault(name, []).append(seconds)
