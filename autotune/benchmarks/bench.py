@@ -71,6 +71,12 @@ def _corpus(out: Path, quick: bool) -> None:
     corpus.main(["--out", str(out), *extra])
 
 
+def _time_model(out: Path, quick: bool) -> None:
+    from autotune.benchmarks import time_model
+
+    time_model.main(["--out", str(out)] + ["--quick"] * quick)
+
+
 def _report(out: Path, quick: bool) -> None:
     from autotune.search.tuning import fit
     from autotune.zoo import get_entry
@@ -95,6 +101,7 @@ STAGES: dict[str, Callable[[Path, bool], None]] = {
     "recompute beside swapping": _recompute,
     "order edges measured": _order_edges,
     "the corpus": _corpus,
+    "the time model": _time_model,
     "tuning report": _report,
 }
 
@@ -124,6 +131,8 @@ def _load(path: Path) -> Any:
 
 def readme(out: Path, seconds: dict[str, float], quick: bool) -> str:
     """results/README.md: how each figure was obtained, with the figures of this run."""
+    from autotune.benchmarks import time_model
+
     total = sum(seconds.values())
     cmd = "autotune bench" + (" --quick" if quick else "")
     lines = [
@@ -143,6 +152,7 @@ def readme(out: Path, seconds: dict[str, float], quick: bool) -> str:
         *_recompute_section(_load(out / "recompute.json")),
         *_edges_section(_load(out / "order_edges.json")),
         *_corpus_section(_load(out / "corpus.json")),
+        *time_model.readme_section(_load(out / "time_model.json")),
         *_report_section(out),
     ]
     return "\n".join(lines) + "\n"

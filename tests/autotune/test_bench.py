@@ -15,7 +15,7 @@ def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) 
     out = run_cli("bench", "--quick", "--out", str(tmp_path), timeout=900)
     assert out.returncode == 0, out.stderr
     names = ("simulator_accuracy", "tuned_accuracy", "swap_plans", "max_batch", "recompute")
-    names += ("order_edges", "corpus")
+    names += ("order_edges", "corpus", "time_model")
     for name in names:
         assert (tmp_path / f"{name}.md").stat().st_size > 0
         assert (tmp_path / f"{name}.json").stat().st_size > 0
@@ -54,6 +54,11 @@ def test_quick_bench_writes_every_result_and_a_readme_from_them(tmp_path: Path) 
     corpus = json.loads((tmp_path / "corpus.json").read_text())["models"]
     assert [m["name"] for m in corpus] == ["unet2d"] and "error" not in corpus[0]
     assert f"{len(corpus)} models; the least peak" in readme
+    (timed,) = json.loads((tmp_path / "time_model.json").read_text())["rows"]
+    assert (timed["model"], timed["calibrated_at"], timed["batch"]) == ("tiny-cnn", [4, 8], 32)
+    assert timed["measured_seconds"] > 0 and timed["after_seconds"] > 0
+    error = 100 * (timed["after_seconds"] / timed["measured_seconds"] - 1)
+    assert f"tiny-cnn 8->32 {error:+.0f} %" in readme
 
 
 def _table(model: str, unit: str, no_swap: int, ours: int) -> dict[str, object]:
