@@ -5,11 +5,11 @@ Run `python -m autotune.benchmarks.constants [--models a,b] [--corpus results/co
 Per model, each in a fresh process, on `v100-16gb-nvlink2`, each constant set in turn to each
 of its values (the others at theirs), everything simulated:
 
-- `derive.BACKWARD_GAP` (levels): at the no-swap largest size, the least-memory plan's peak
+- `candidates.BACKWARD_GAP` (levels): at the no-swap largest size, the least-memory plan's peak
   over the lower bound;
-- `derive.HOLD_STEPS` (steps) and `engine.GUARD_RELEASES`: at the tuned largest size with the
-  tuned parameters, the peak, the predicted overhead and the seconds one evaluation took (its
-  order edges found before);
+- `recompute_chains.HOLD_STEPS` (steps) and `engine.GUARD_RELEASES`: at the tuned largest size
+  with the tuned parameters, the peak, the predicted overhead and the seconds one evaluation
+  took (its order edges found before);
 - `engine.EDGE_REUSE`: at the tuned largest size, the least-memory peak over the bound and the
   tuned parameters' overhead with the order edges found at that size, against those found at
   the size whose lower bound is `EDGE_REUSE` times smaller (the farthest the search reuses).
@@ -34,8 +34,8 @@ from typing import Any
 from autotune.benchmarks.common import write_result
 
 SWEEP: dict[str, tuple[str, tuple[float, ...]]] = {
-    "BACKWARD_GAP": ("simulator.derive", (2, 4, 8)),
-    "HOLD_STEPS": ("simulator.derive", (0, 4, 8)),
+    "BACKWARD_GAP": ("simulator.candidates", (2, 4, 8)),
+    "HOLD_STEPS": ("simulator.recompute_chains", (0, 4, 8)),
     "GUARD_RELEASES": ("simulator.engine", (0, 8, 32, 128)),
 }
 
