@@ -200,7 +200,7 @@ def method_at(
 ) -> Outcome:
     """Run `method` on the step at `batch`; with `first_fit` a search stops at its first plan
     that fits (its outcome then says only whether the batch fits). `recompute` is what the
-    searches may do with recomputes (`autotune.search.core.Space`)."""
+    searches may do with recomputes (`autotune.search.space.Space`)."""
     engine = steps.engine(batch)
     callbacks = [stop_when_fits] if first_fit else None
     if method == "no swapping":

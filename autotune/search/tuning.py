@@ -87,7 +87,7 @@ def tune_captured(
     recompute: str = "search",
 ) -> TuningResult:
     """Tune one captured step on its engine: baselines, then our study (resumed if stored);
-    `recompute` is what the search may do with recomputes (`autotune.search.core.Space`)."""
+    `recompute` is what the search may do with recomputes (`autotune.search.space.Space`)."""
     check_budget(engine, budget)
     start = time.perf_counter()
     baseline = engine.evaluate(PlanParams(n_tensors=0))

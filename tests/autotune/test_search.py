@@ -14,7 +14,6 @@ from autotune.search.baselines import (
 from autotune.search.core import (
     DEFAULT_SAFETY_RATIO,
     INTERRUPTED,
-    REFINE_AFTER,
     Budget,
     Space,
     in_memory_study,
@@ -23,6 +22,7 @@ from autotune.search.core import (
     single_plan,
     stop_when_fits,
 )
+from autotune.search.trials import REFINE_AFTER
 from simulator.derive import RECOMPUTE_MAX_OPS, PlanParams
 from simulator.errors import UserError
 
