@@ -11,6 +11,7 @@ from simulator.derive import RECOMPUTE_MODES, TRIGGER_STRATEGIES, PlanParams
 from simulator.errors import UserError
 
 __all__ = [
+    "UsageError",
     "add_device_args",
     "add_fit_args",
     "add_model_args",
@@ -22,6 +23,11 @@ __all__ = [
     "ratio_arg",
     "size_arg",
 ]
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
 
 _PLAN_FLAGS = (
     "n_tensors",
