@@ -61,12 +61,30 @@ def step_costs(captured: Any, preset: DevicePreset, graph: Any = None) -> dict[s
     if preset.sm_count and preset.clock_mhz:
         estimate = lambda: grappler_costs(captured.concrete_function, preset)[0]  # noqa: E731
     costs = preset.calibration.costs(graph or captured.graph, estimate)
-    if (
-        costs.by_type or costs.estimated or costs.unpriced or costs.switched
-    ) and costs.note not in _NOTED:
-        _NOTED.add(costs.note)
-        _LOG.warning("autotune: note: op times: %s", costs.note)
+    if costs.by_type or costs.estimated or costs.unpriced or costs.switched:
+        _note(f"op times: {costs.note}")
+    _note(_version_note(preset.calibration.tensorflow))
     return dict(costs.seconds)
+
+
+def _note(text: str) -> None:
+    """Say `text` on stderr once a process (nothing when empty)."""
+    if text and text not in _NOTED:
+        _NOTED.add(text)
+        _LOG.warning("autotune: note: %s", text)
+
+
+def _version_note(calibrated: str) -> str:
+    """What to say when the profile was taken with another TensorFlow: its kernels, and so
+    its op times, may differ."""
+    import tensorflow as tf
+
+    if calibrated == tf.__version__:
+        return ""
+    return (
+        f"the calibration profile was taken with TensorFlow {calibrated}, this is "
+        f"{tf.__version__}: its kernels may take other times; calibrate again"
+    )
 
 
 def _known_variable_reads(graph_def: Any, fg: Any) -> None:

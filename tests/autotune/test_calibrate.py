@@ -86,3 +86,34 @@ def test_calibrate_refuses_a_batch_it_cannot_halve() -> None:
     out = run_cli("calibrate", "--model", "tiny-cnn", "--batch-size", "1")
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2 and lines == [lines[0]] and "--batch-size 2 or more" in lines[0]
+
+
+def test_a_profile_that_lacks_the_steps_ops_says_so_and_from_which_tensorflow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A profile of another model prices none of this step's ops itself: Grappler's estimate
+    for the profile's GPU does, and the tool says how many, and that the profile was taken
+    with another TensorFlow."""
+    import tensorflow as tf
+
+    from autotune.calibration import Calibration, calibrated_device
+    from rewriter.capture import capture_function
+    from rewriter.costs import grappler_costs, step_costs
+    from simulator import get_preset
+
+    @tf.function
+    def step(x):  # type: ignore[no-untyped-def]
+        return tf.reduce_sum(tf.nn.relu(x @ tf.ones([64, 64])))
+
+    cap = capture_function(step, tf.TensorSpec([256, 64], tf.float32))
+    v100 = get_preset("v100-16gb-nvlink2")
+    compute = {"kind": "GPU", "sm_count": v100.sm_count, "clock_mhz": v100.clock_mhz,
+               "memory_bandwidth_bytes_per_s": v100.memory_bandwidth_bytes_per_s}  # fmt: skip
+    cal = Calibration("GPU:0", "Tesla V100", "2.0.0", "another", (8, 16), "", "", {},
+                      12e9, 12e9, 10e9, (0.1, 0.2), compute, 16 << 30)  # fmt: skip
+    with caplog.at_level("WARNING", logger="autotune"):
+        costs = step_costs(cap, calibrated_device(cal))
+    assert costs == grappler_costs(cap.concrete_function, calibrated_device(cal))[0]
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"0 ops from their own calibration, {len(cap.graph.ops)} from Grappler's" in said
+    assert "taken with TensorFlow 2.0.0" in said
