@@ -45,17 +45,20 @@ def _random_params(cap, n: int, seed: int) -> list[PlanParams]:  # type: ignore[
     return [space.suggest(study.ask()) for _ in range(n)]
 
 
-# EfficientNetB0 has the most products Grappler regroups (swish, squeeze-and-excitation);
-# MobileNetV2, whose recomputed residual sums once differed (docs/method.md, "Grappler sees
-# the variables' shapes"), was checked bitwise by script, not by random plans here
-@pytest.mark.parametrize("name", ["convnext-tiny", "efficientnetb0"])
-def test_random_plans_on_keras_applications_train_bitwise(name: str) -> None:
+# EfficientNetB0 has the most products Grappler regroups (swish, squeeze-and-excitation),
+# ConvNeXt exact GELU; MobileNetV2, whose recomputed residual sums once differed (docs/method.md,
+# "Grappler sees the variables' shapes"), was checked bitwise by script, not by random plans
+# here. Each plan costs two builds and captures of a full-depth model (about 45 s here): two
+# draws for ConvNeXt, one for EfficientNet; the corpus benchmark checks every member exact.
+@pytest.mark.parametrize("name,draws", [("convnext-tiny", 2), ("efficientnetb0", 1)])
+def test_random_plans_on_keras_applications_train_bitwise(name: str, draws: int) -> None:
     m = member(name)
     _, cap = _small(m)
     engine = build_engine(cap, get_preset(DEVICE))
-    for params in _random_params(cap, 3, seed=0):
+    for params in _random_params(cap, draws, seed=0):
         (a, cap_a), (b, cap_b) = _small(m), _small(m)
         plan = build_engine(cap_b, get_preset(DEVICE)).evaluate(params).plan
+        assert plan.swaps or plan.recomputes, params  # a draw that changes the step
         assert len(plan.swaps) == len(engine.evaluate(params).plan.swaps)
         tuned = apply_plan(cap_b, plan)
         inputs = example_tensors(cap_a.specs, seed=7)

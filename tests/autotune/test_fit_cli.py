@@ -133,7 +133,7 @@ def test_table_output_and_a_model_from_the_users_file(tmp_path: Path) -> None:
     "args,needle",
     [
         (["--model", "nope", "--batch-size", "8"], "unknown model 'nope'"),
-        (["--model", "tiny-cnn", "--batch-size", "8", "--device", "tpu"], "invalid choice"),
+        (["--model", "tiny-cnn", "--batch-size", "8", "--device", "tpu"], "unknown device 'tpu'"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "0"], "positive integer"),
         (["--model", "tiny-cnn", "--batch-size", "8", "--trials", "-2"], "positive integer"),
         (["--model", "tiny-cnn"], "--batch-size B or --max-batch"),

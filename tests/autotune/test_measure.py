@@ -33,6 +33,8 @@ def test_measured_peak_exceeds_resident() -> None:
     m = cli_json("measure", *args)
     assert m["device"] == "CPU:0" and len(m["peaks"]) == 2 and m["warmup_steps"] == 2
     assert m["peak_bytes"] > m["resident_bytes"] > 8 * 32 * 32 * 3 * 4
+    times = m["steps_seconds"]
+    assert len(times) == 2 and min(times) > 0 and m["step_seconds"] == sum(times) / 2
 
 
 COUNTED = """

@@ -70,7 +70,7 @@ def test_python_api_takes_plan_options_and_a_device() -> None:
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--device", "tpu-v9"], "invalid choice"),
+        (["--device", "tpu-v9"], "unknown device 'tpu-v9'"),
         (["--lb", "0"], ">= 1"),
         (["--lb", "5", "--ub", "2"], "lb <= ub"),
         (["--n-tensors", "-3"], ">= -1"),

@@ -35,6 +35,8 @@ def test_default_plan_saves_memory_as_predicted(model: str, batch: int) -> None:
     assert abs(out["error_percent"]) <= 15.0, [r["error_percent"] for r in runs]
     assert all(r["swap_ops_executed"] == r["swap_ops"] > 0 for r in runs)
     assert out["params"]["n_tensors"] == -1 and out["params"]["lb"] == 1
+    # a GPU preset's time model says nothing of this CPU: no predicted step time beside it
+    assert out["predicted_step_seconds"] is None and out["time_model"] is None
 
 
 def test_a_recompute_plan_lowers_the_measured_peak_as_predicted() -> None:
