@@ -32,7 +32,7 @@ from autotune.cli.options import (
     size_arg,
 )
 from autotune.cli.output import print_simulation, print_verification
-from autotune.search.core import INTERRUPTED
+from autotune.search.core import INTERRUPTED, STUDY_RUNNING
 from autotune.units import format_sized as _sized
 from simulator.errors import UserError
 
@@ -326,12 +326,18 @@ def _internal_error(err: BaseException) -> int:
 
 
 def _on_ctrl_c(_signum: int, _frame: Any) -> None:
-    """Ctrl-C: raise KeyboardInterrupt, and remember it for the study (see INTERRUPTED).
+    """Ctrl-C: raise KeyboardInterrupt, and remember it for the study (see INTERRUPTED); while
+    a study runs its trials, only remember it: the next trial stops the study (STUDY_RUNNING),
+    unless it is the second Ctrl-C.
     Libraries' logging is silenced from here on: what they log as the interrupt unwinds (seen:
     SQLAlchemy's "Error closing cursor" with its traceback, when the Ctrl-C lands while the
     study's trials are read) is a consequence of it, and the tool says what happened itself."""
+    again = INTERRUPTED.is_set()
     INTERRUPTED.set()
     logging.disable(logging.CRITICAL)
+    if STUDY_RUNNING.is_set() and not again:
+        print("autotune: stopping after this trial (Ctrl-C again to stop now)", file=sys.stderr)
+        return
     raise KeyboardInterrupt
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 from autotune.search.budget import DEFAULT_SAFETY_RATIO, Budget
 from autotune.search.objective import (
     INTERRUPTED,
+    STUDY_RUNNING,
     Outcome,
     best_feasible,
     lowest_peak,
@@ -62,6 +63,7 @@ __all__ = [
     "LEAST_MEMORY_ORDERED",
     "RECOMPUTE_CHOICES",
     "RECOMPUTE_ONLY",
+    "STUDY_RUNNING",
     "Budget",
     "Outcome",
     "Space",

@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.search.budget import Budget
 from autotune.search.objective import (
+    STUDY_RUNNING,
     Outcome,
     best_feasible,
     constraints,
@@ -144,7 +145,7 @@ def run_study(
         space = Space.of(engine, recompute, budget.bytes)
         refine = [Refine(space, int(trials * REFINE_AFTER), trials)]
     if left > 0:
-        with quiet_optuna():
+        with quiet_optuna(), _trials_running():
             study.optimize(
                 make_objective(engine, budget, objectives, recompute),
                 n_trials=left,
@@ -154,6 +155,18 @@ def run_study(
     nearest = None if best else lowest_peak(engine, study)
     name = "ours" if warm_start else "random search"
     return Outcome(name, best, max(left, 0), time.perf_counter() - start, study, nearest)
+
+
+@contextlib.contextmanager
+def _trials_running() -> Iterator[None]:
+    """Mark a study's optimize loop as running (`STUDY_RUNNING`), nested loops included."""
+    nested = STUDY_RUNNING.is_set()
+    STUDY_RUNNING.set()
+    try:
+        yield
+    finally:
+        if not nested:
+            STUDY_RUNNING.clear()
 
 
 def in_memory_study(kind: str, seed: int, objectives: int = 1) -> Any:

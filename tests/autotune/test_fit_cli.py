@@ -211,6 +211,7 @@ def test_interrupted_study_resumes_with_its_trials_kept(tmp_path: Path) -> None:
     first.send_signal(signal.SIGINT)  # Ctrl-C
     _, err = first.communicate(timeout=120)
     assert first.returncode == 130 and "resume" in err and "Traceback" not in err, err
+    assert "stopping after this trial" in err  # not raised inside the database's driver
     kept = complete_trials(db)
     second = start_fit(tmp_path, 2000)
     wait_for_trials(db, len(kept) + 3, second)
