@@ -85,7 +85,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print_simulation(args, sim, preset)
+    print_simulation(args, sim, preset, out.get("op_times"))
     return 0
 
 

@@ -36,7 +36,9 @@ def _print_cpu_kernels(k: dict[str, Any], schedule: str) -> None:
     )
 
 
-def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
+def print_simulation(
+    args: argparse.Namespace, sim: Any, preset: Any, op_times: str | None = None
+) -> None:
     r = sim.result
     where = preset.name if preset else "CPU allocator model"
     print(f"model        {args.model}, batch {args.batch_size}, on {where}")
@@ -78,8 +80,8 @@ def print_simulation(args: argparse.Namespace, sim: Any, preset: Any) -> None:
             f"time bound   {bound * 1e3:.2f} ms  ({bound / sim.baseline_step_seconds:.3f}x: the "
             "least any plan could reach within the device memory)"
         )
-    if preset is not None and preset.calibration is not None:
-        print(f"op times     {preset.calibration.costs(sim.graph).note}")
+    if op_times:
+        print(f"op times     {op_times}")
     if preset is not None and preset.memory_bytes:
         fits = "fits" if r.peak_bytes <= preset.memory_bytes else "does NOT fit"
         print(f"device       {fits} in {_sized(preset.memory_bytes)}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -147,19 +146,15 @@ def _to_wall(seconds: dict[str, float], wall: float) -> dict[str, float]:
 def step_seconds(fn: Any, inputs: list[Any], steps: int) -> float:
     """The median wall time of `steps` calls of `fn` (after one to warm up), each waiting
     for its outputs."""
-    _run(fn, inputs)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        _run(fn, inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    from autotune.run.link import median_seconds
+
+    return median_seconds(lambda: fn(*inputs), steps)
 
 
 def _run(fn: Any, inputs: list[Any]) -> None:
-    import tensorflow as tf
+    from autotune.run.link import wait_for
 
-    tf.nest.map_structure(lambda t: t.numpy(), fn(*inputs))
+    wait_for(fn(*inputs))
 
 
 def _device_name(device: str) -> str:
@@ -168,14 +163,15 @@ def _device_name(device: str) -> str:
     if device.startswith("GPU"):
         gpu = tf.config.list_physical_devices("GPU")[0]
         return str(tf.config.experimental.get_device_details(gpu).get("device_name", "GPU"))
-    return _cpu_model() or platform.processor() or "CPU"
+    return _cpuinfo("model name") or platform.processor() or "CPU"
 
 
-def _cpu_model() -> str:
+def _cpuinfo(field: str) -> str:
+    """The value of `field` for the first CPU in /proc/cpuinfo ('' where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
@@ -191,7 +187,8 @@ def _tf_version() -> str:
 def _compute(device: str, base: DevicePreset | None) -> dict[str, Any]:
     """What Grappler's estimate needs, for the ops a profile lacks: the base preset's GPU, or
     this CPU's cores and clock (Grappler then assumes 32 GB/s of memory bandwidth)."""
-    base = base or _preset_named_in(_device_name(device)) if device.startswith("GPU") else base
+    if base is None and device.startswith("GPU"):
+        base = _preset_named_in(_device_name(device))
     if base is not None:
         return {
             "kind": "GPU",
@@ -206,7 +203,7 @@ def _compute(device: str, base: DevicePreset | None) -> dict[str, Any]:
     return {
         "kind": "CPU",
         "sm_count": len(os.sched_getaffinity(0)),
-        "clock_mhz": _cpu_mhz(),
+        "clock_mhz": int(float(_cpuinfo("cpu MHz") or 1000)),
         "memory_bandwidth_bytes_per_s": 0,
     }
 
@@ -219,14 +216,3 @@ def _preset_named_in(device_name: str) -> DevicePreset | None:
         if preset.name.split("-")[0].upper() in device_name.upper():
             return preset
     return None
-
-
-def _cpu_mhz() -> int:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("cpu MHz"):
-                    return int(float(line.split(":", 1)[1]))
-    except OSError:
-        pass
-    return 1000

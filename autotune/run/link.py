@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LinkFigures", "probe_link"]
+__all__ = ["LinkFigures", "median_seconds", "probe_link", "wait_for"]
 
 #: bytes a probe copies: large enough that a call's own overhead is a small part of its time
 PROBE_BYTES = 64 << 20
@@ -67,22 +67,29 @@ def _gpu_link(tf: Any, x: Any, y: Any, nbytes: int, repeats: int) -> LinkFigures
 
     with tf.device("/device:CPU:0"):
         host = tf.identity(y)
-    out = _seconds(lambda: d2h(x), repeats)
-    back = _seconds(lambda: h2d(host), repeats)
-    duplex = _seconds(lambda: both(x, host), repeats)
+    out = median_seconds(lambda: d2h(x), repeats)
+    back = median_seconds(lambda: h2d(host), repeats)
+    duplex = median_seconds(lambda: both(x, host), repeats)
     return LinkFigures(nbytes / out, nbytes / back, nbytes / duplex)
 
 
-def _seconds(run: Callable[[], Any], repeats: int) -> float:
-    import tensorflow as tf
-
-    run()  # traces, and warms the allocator up
+def median_seconds(run: Callable[[], Any], repeats: int) -> float:
+    """The median wall time of `repeats` calls of `run` (after one that traces and warms the
+    allocator up), each waiting for its outputs."""
+    wait_for(run())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy(), run())
+        wait_for(run())
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def wait_for(out: Any) -> None:
+    """Block until every tensor of `out` is computed (its values read back)."""
+    import tensorflow as tf
+
+    tf.nest.map_structure(lambda t: t.numpy(), out)
 
 
 def _emulated_link(tf: Any, x: Any, nbytes: int, repeats: int) -> LinkFigures:

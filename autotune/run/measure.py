@@ -120,6 +120,8 @@ def measure(captured: Captured, *args: Any, repeats: int = 3, warmup: int = 1) -
     `warmup=120` measures the order, and the peak, of a longer run."""
     import tensorflow as tf
 
+    from autotune.run.link import wait_for
+
     if warmup < 1 or repeats < 1:
         raise UserError(f"warmup={warmup} and repeats={repeats}: each must be at least 1")
     _check_setup(tf)
@@ -134,7 +136,7 @@ def measure(captured: Captured, *args: Any, repeats: int = 3, warmup: int = 1) -
         resident.append(int(tf.config.experimental.get_memory_info(device)["current"]))
         start = time.perf_counter()
         out = fn(*inputs)
-        tf.nest.map_structure(lambda t: t.numpy(), out)
+        wait_for(out)
         seconds.append(time.perf_counter() - start)
         peaks.append(int(tf.config.experimental.get_memory_info(device)["peak"]))
         del out

@@ -339,6 +339,8 @@ def _run(fn: Any, inputs: list[Any], device: str, steps: int, own: int) -> Run:
     for anything else do not count."""
     import tensorflow as tf
 
+    from autotune.run.link import wait_for
+
     try:
         fn(*inputs)
         peaks, seconds = [], []
@@ -347,7 +349,7 @@ def _run(fn: Any, inputs: list[Any], device: str, steps: int, own: int) -> Run:
             before = int(tf.config.experimental.get_memory_info(device)["current"])
             start = time.perf_counter()
             out = fn(*inputs)
-            tf.nest.map_structure(lambda t: t.numpy(), out)
+            wait_for(out)
             seconds.append(time.perf_counter() - start)
             peak = int(tf.config.experimental.get_memory_info(device)["peak"])
             peaks.append(peak - before + own)
