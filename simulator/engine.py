@@ -11,13 +11,10 @@ for a graph that lacks one of their ops).
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import numpy as np
 
 from simulator import (
     BFCModel,
@@ -34,13 +31,13 @@ from simulator import (
     lower_bound_bytes,
     simulate_plan,
 )
+from simulator.allocator import with_allocator
 from simulator.bounds import time_bound_seconds
 from simulator.derive import (
     LEAST_MEMORY,
     PlanContext,
     PlanParams,
     RecomputePrice,
-    derive_plan,
     remake_chain,
 )
 from simulator.heap import GRANULARITY, round_up
@@ -50,18 +47,10 @@ from simulator.opsemantics import (
     fused_together,
 )
 from simulator.order_edges import Edge, deferral_edges, feeder_edges, find_order_edges, grouped
-from simulator.prefetch import postpone_waits, prefetch
+from simulator.refine import Finish, Planned, guarded, late_swaps, plan_of
 from simulator.timing import Link
 
 __all__ = ["Engine", "Evaluation"]
-
-#: at most this many rounds of swapping recomputes that hold bytes at the peak instead
-GUARD_ROUNDS = 8
-#: then at most this many of the recomputes it swapped instead, the largest, are tried again
-#: (each try a simulation; the figures behind the value are in docs/method.md, "Constants")
-GUARD_RELEASES = 32
-#: with backward tensors swapped, at most this many rounds of prefetching under a lower limit
-PREFETCH_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -91,6 +80,9 @@ class Evaluation:
         return self.result.time.overhead if self.result.time else None
 
 
+#: how many of plan derivation's simulations an engine keeps for reuse (`simulate_bare`)
+BARE_MEMO = 8
+
 #: order edges found for one batch are reused for the same step at a batch whose lower bound is
 #: within this factor: the edges that lower the peak change with the share of activations in it
 #: (docs/method.md, "Constants")
@@ -113,6 +105,7 @@ class Engine:
     shared: dict[str, Any] = field(default_factory=dict)
     edges: tuple[Edge, ...] = ()
     _serialized: Engine | None = None
+    _bare: dict[Any, PlanResult] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(
@@ -205,7 +198,7 @@ class Engine:
         return tuple(n for n in self.context.flow if self.graph.predecessors(n))
 
     @functools.cached_property
-    def _backward_start(self) -> int:
+    def backward_start(self) -> int:
         """The step of the backward pass's first op that reads a forward candidate (not only
         its shape), or else its first op that reads anything: an op of the gradient tape that
         reads only constants (ResNet-50's padding specs) runs long before the backward pass."""
@@ -296,62 +289,6 @@ class Engine:
             out.append((n, sum(cost.get(o, 0.0) / sharing[o] for o in ops) / n))
         return out
 
-    def _prefetched(
-        self, plan: SwapPlan, limit: int, link: Link, postpone: bool = True
-    ) -> SwapPlan:
-        """`plan` with the waits for synchronized swap-outs moved later and swap-ins earlier,
-        where its live bytes leave room under `limit` (`simulator.prefetch`; the waits only
-        with `postpone`: the live bytes cannot show that later frees may fragment the heap).
-
-        With tensors of the backward pass swapped, fewer stalls make their device copies live
-        longer (until their copies to the host end, at later steps), which the live bytes
-        simulated before the moves do not show: while the moved plan's live peak passes
-        `limit`, the moves are made again under a limit lower by the excess (at most
-        `PREFETCH_ROUNDS` times)."""
-        assert self.timeline is not None
-        backward = self.context.backward
-        if postpone and any(s.sync for s in plan.swaps):
-            live = self._live(plan, link)
-            plan = postpone_waits(self.graph, self.timeline, plan, live, limit, link, backward)
-        live = self._live(plan, link)
-        start = self._backward_start
-        late = any(self.graph.tensors[s.tensor].producer in backward for s in plan.swaps)
-        room = limit
-        for _ in range(PREFETCH_ROUNDS if late else 1):
-            moved = prefetch(self.graph, self.timeline, plan, live, room, link, start, backward)
-            if not late:
-                break
-            peak = self._simulate(moved, link, True, False).memory.live_peak_bytes
-            if peak <= limit:
-                break
-            room -= peak - limit
-        return moved
-
-    def _live(self, plan: SwapPlan, link: Link | None) -> np.ndarray:
-        """The live device bytes at each step of `plan`, timed with a `link`."""
-        timeline = self.timeline if link else None
-        memory = simulate_plan(self.program, self.graph, plan, timeline=timeline, link=link).memory
-        return memory.trace.live_by_step(len(self.order.ops), memory.persistent_bytes)
-
-    def _late_swaps(
-        self, params: PlanParams, keep: frozenset[str], link: Link | None
-    ) -> frozenset[str]:
-        """The backward pass's candidates live (from their producer to their last reader) at a
-        step where the plan of `params` without backward swaps passes `backward_limit` live
-        bytes: swapping them can lower those steps, swapping the others only costs time."""
-        plan = self._plan(replace(params, backward_swaps=False), keep, link)
-        over = np.flatnonzero(self._live(plan, link) > params.backward_limit)
-        pos = self.order.position
-        out = set()
-        for c in self.context.candidates:
-            if c.made_in_backward:
-                tensor = self.graph.tensors[c.tensor]
-                first, last = pos[tensor.producer], max(pos[r] for r in tensor.consumers)
-                i = int(np.searchsorted(over, first))
-                if i < len(over) and over[i] <= last:
-                    out.add(c.tensor)
-        return frozenset(out)
-
     def allocator(self) -> BFCModel:
         """TensorFlow's GPU BFC (one region) on a device preset, its CPU BFC (growing) without."""
         return BFCModel(allow_growth=self.device is None)
@@ -368,10 +305,14 @@ class Engine:
         start = time.perf_counter()
         link = self.device.link if self.device and timed else None
         with paused_gc():
-            plan = self._plan(params, frozenset(), link)
-            result = self._simulate(plan, link, timed, allocator)
+            late = None
+            if params.backward_swaps and params.backward_limit:
+                late = late_swaps(self, params, frozenset(), link)
+            planned = plan_of(self, params, frozenset(), link, late)
+            finish = Finish(self, link, timed, allocator)
+            plan, result = planned.plan, finish(planned)
             if params.recompute_limit and plan.recomputes:
-                plan, result = self._guarded(params, plan, result, link, timed, allocator)
+                plan, result = guarded(self, params, planned, result, late, finish)
         return Evaluation(params, plan, result, time.perf_counter() - start)
 
     def simulate(self, plan: SwapPlan) -> PlanResult:
@@ -380,20 +321,8 @@ class Engine:
         with paused_gc():
             return self._simulate(plan, link, True, True)
 
-    def _plan(self, params: PlanParams, keep: frozenset[str], link: Link | None) -> SwapPlan:
-        """The plan of `params` (never recomputing `keep`), with its order edges, prefetched."""
-        late = None
-        if params.backward_swaps and params.backward_limit:
-            late = self._late_swaps(params, keep, link)
-        plan = derive_plan(self.context, params, keep, late, self._price)
-        if self.edges:
-            plan = replace(plan, order_edges=self.edges)
-        if params.prefetch_bytes and plan.swaps and link and self.timeline:
-            plan = self._prefetched(plan, params.prefetch_bytes, link, params.postpone_waits)
-        return plan
-
     @functools.cached_property
-    def _price(self) -> RecomputePrice | None:
+    def recompute_price(self) -> RecomputePrice | None:
         """What heavy recomputes are weighed with (None without a cost model or a device)."""
         if not self.cost or self.device is None:
             return None
@@ -411,70 +340,27 @@ class Engine:
             allocator=self.allocator() if allocator else None,
         )
 
-    def _guarded(
-        self,
-        params: PlanParams,
-        plan: SwapPlan,
-        result: PlanResult,
-        link: Link | None,
-        timed: bool,
-        allocator: bool,
-    ) -> tuple[SwapPlan, PlanResult]:
-        """While the peak passes `recompute_limit`, swap instead the recomputes whose chains
-        hold bytes at the peak (a chain's intermediates, or a source swap-in brought forward
-        for it, can outweigh the tensor it makes), for at most `GUARD_ROUNDS` rounds: alike
-        blocks peak alike, one after another, so the peak may first rise; the lowest peak
-        found is kept, then `_released` gives back the recomputes it did not need."""
-        keep: frozenset[str] = frozenset()
-        best = (keep, plan, result)
-        for _ in range(GUARD_ROUNDS):
-            if result.peak_bytes <= params.recompute_limit:
-                break
-            blamed = _at_peak(self.graph, plan, result) - keep
-            if not blamed:
-                break
-            keep |= blamed
-            plan = self._plan(params, keep, link)
-            result = self._simulate(plan, link, timed, allocator)
-            if result.peak_bytes < best[2].peak_bytes:
-                best = (keep, plan, result)
-        if best[0] and best[2].time is not None and best[2].peak_bytes <= params.recompute_limit:
-            return self._released(params, *best, link, allocator)
-        return best[1], best[2]
+    def simulate_bare(self, plan: SwapPlan, link: Link | None) -> PlanResult:
+        """`plan` simulated with the time model (given a `link`) and without the allocator, as
+        plan derivation reads it. Derivation's steps often simulate a plan another step has
+        (a prefetch that moved nothing, a guard's round that gave back nothing): the last
+        `BARE_MEMO` such simulations are kept."""
+        key = (plan.swaps, plan.recomputes, plan.order_edges, link)
+        got = self._bare.pop(key, None)
+        if got is None:
+            got = self._simulate(plan, link, True, False)
+        self._bare[key] = got
+        while len(self._bare) > BARE_MEMO:
+            del self._bare[next(iter(self._bare))]
+        return got if got.plan is plan else replace(got, plan=plan)
 
-    def _released(
-        self,
-        params: PlanParams,
-        keep: frozenset[str],
-        plan: SwapPlan,
-        result: PlanResult,
-        link: Link | None,
-        allocator: bool,
-    ) -> tuple[SwapPlan, PlanResult]:
-        """The guard swaps all the recomputes at a peak at once, where fewer would do: recompute
-        again each tensor it kept (at most `GUARD_RELEASES`, largest first) where the peak
-        stays within `recompute_limit` and the step gets shorter."""
-        tried = sorted(keep, key=lambda t: (-self.graph.tensors[t].nbytes, t))
-        for name in tried[:GUARD_RELEASES]:
-            trial = self._plan(params, keep - {name}, link)
-            got = self._simulate(trial, link, True, allocator)
-            if got.peak_bytes <= params.recompute_limit and _seconds(got) < _seconds(result):
-                keep, plan, result = keep - {name}, trial, got
-        return plan, result
-
-
-def _seconds(result: PlanResult) -> float:
-    return result.time.step_seconds if result.time else math.inf
-
-
-def _at_peak(graph: Graph, plan: SwapPlan, result: PlanResult) -> frozenset[str]:
-    """The tensors whose recomputes hold bytes at the live peak: a copy the chain made, or a
-    swap-in it reads."""
-    memory = result.memory
-    live = memory.trace.live_at(memory.peak_step)
-    out = set()
-    for rc in plan.recomputes:
-        held = {f"{t}@re" for t in rc.made(graph)} | {f"{t}@in{k}" for t, k in rc.sources}
-        if not held.isdisjoint(live):
-            out.add(rc.tensor)
-    return frozenset(out)
+    def finish(
+        self, planned: Planned, link: Link | None, timed: bool, allocator: bool
+    ) -> PlanResult:
+        """A derived plan simulated as an evaluation reports it: derivation's own simulation
+        of it, with the allocator's peak added, where it made one (with the same link)."""
+        made = planned.result
+        if made is None or not timed or link is None:
+            return self._simulate(planned.plan, link, timed, allocator)
+        memory = with_allocator(made.memory, self.allocator()) if allocator else made.memory
+        return PlanResult(memory, made.time, planned.plan)

@@ -7,7 +7,7 @@ of its values (the others at theirs), everything simulated:
 
 - `candidates.BACKWARD_GAP` (levels): at the no-swap largest size, the least-memory plan's peak
   over the lower bound;
-- `recompute_chains.HOLD_STEPS` (steps) and `engine.GUARD_RELEASES`: at the tuned largest size
+- `recompute_chains.HOLD_STEPS` (steps) and `refine.GUARD_RELEASES`: at the tuned largest size
   with the tuned parameters, the peak, the predicted overhead and the seconds one evaluation
   took (its order edges found before);
 - `engine.EDGE_REUSE`: at the tuned largest size, the least-memory peak over the bound and the
@@ -36,7 +36,7 @@ from autotune.benchmarks.common import write_result
 SWEEP: dict[str, tuple[str, tuple[float, ...]]] = {
     "BACKWARD_GAP": ("simulator.candidates", (2, 4, 8)),
     "HOLD_STEPS": ("simulator.recompute_chains", (0, 4, 8)),
-    "GUARD_RELEASES": ("simulator.engine", (0, 8, 32, 128)),
+    "GUARD_RELEASES": ("simulator.refine", (0, 8, 32, 128)),
 }
 
 

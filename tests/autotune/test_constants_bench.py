@@ -5,14 +5,14 @@ from autotune.benchmarks.constants import SWEEP, _set, markdown
 
 
 def test_a_constant_is_set_for_the_block_only() -> None:
-    from simulator import engine, recompute_chains
+    from simulator import engine, recompute_chains, refine
 
-    kept = recompute_chains.HOLD_STEPS, engine.GUARD_RELEASES
+    kept = recompute_chains.HOLD_STEPS, refine.GUARD_RELEASES
     with _set("HOLD_STEPS", 9):
-        assert recompute_chains.HOLD_STEPS == 9 and kept[1] == engine.GUARD_RELEASES
+        assert recompute_chains.HOLD_STEPS == 9 and kept[1] == refine.GUARD_RELEASES
     with _set("EDGE_REUSE", 2.5):
         assert engine.EDGE_REUSE == 2.5
-    assert kept == (recompute_chains.HOLD_STEPS, engine.GUARD_RELEASES) and engine.EDGE_REUSE == 1.5
+    assert kept == (recompute_chains.HOLD_STEPS, refine.GUARD_RELEASES) and engine.EDGE_REUSE == 1.5
 
 
 def test_the_table_has_a_cell_per_value_and_says_where_edges_were_found() -> None:

@@ -130,7 +130,7 @@ def test_the_backward_pass_starts_at_its_first_reader_of_an_activation() -> None
     g.mark_outputs(add(g, "gradient_tape/stack", ["gradient_tape/pad_spec:0"], 64, type="Pack"))
     engine = Engine.build(g)
     assert engine.order.position["gradient_tape/stack"] < engine.order.position["f3"]
-    assert engine._backward_start == engine.order.position["gradient_tape/b3"]
+    assert engine.backward_start == engine.order.position["gradient_tape/b3"]
 
 
 def test_the_time_bound_prices_a_recompute_by_the_ops_it_must_re_run() -> None:

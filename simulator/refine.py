@@ -1,0 +1,220 @@
+"""The steps of plan derivation that read a simulation of the plan: which backward tensors to
+swap, prefetching, and the recompute guard.
+
+Each step simulates the plan it is given (the time model on, no allocator), and hands on the
+last simulation it made of the plan it returns, so that the engine does not simulate that plan
+again (`Planned`). The tensors of the backward pass worth swapping (`late_swaps`) are chosen
+once per evaluation, from the plan without them and without guard, and kept through the
+guard's rounds and give-backs: those only turn recomputes into swaps, which moves few bytes.
+How many simulations each step makes is bounded by the constants below; the figures behind
+them are in docs/method.md, "Constants".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simulator.derive import PlanParams, derive_plan
+from simulator.graph import Graph
+from simulator.plan import SwapPlan
+from simulator.prefetch import postpone_waits, prefetch
+from simulator.run import PlanResult
+from simulator.timing import Link
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine
+
+__all__ = [
+    "GUARD_RELEASES",
+    "GUARD_ROUNDS",
+    "PREFETCH_ROUNDS",
+    "Finish",
+    "Planned",
+    "guarded",
+    "late_swaps",
+    "plan_of",
+]
+
+#: at most this many rounds of swapping recomputes that hold bytes at the peak instead
+GUARD_ROUNDS = 8
+#: then at most this many of the recomputes it swapped instead, the largest, are tried again
+GUARD_RELEASES = 32
+#: with backward tensors swapped, at most this many rounds of prefetching under a lower limit
+PREFETCH_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A derived plan, and its simulation (time model on, no allocator) if derivation made one."""
+
+    plan: SwapPlan
+    result: PlanResult | None = None
+
+
+def plan_of(
+    engine: Engine,
+    params: PlanParams,
+    keep: frozenset[str],
+    link: Link | None,
+    late: frozenset[str] | None = None,
+) -> Planned:
+    """The plan of `params` (never recomputing `keep`; of the backward tensors, swapping
+    `late`, chosen by `late_swaps` when not given), with its order edges, prefetched."""
+    if late is None and params.backward_swaps and params.backward_limit:
+        late = late_swaps(engine, params, keep, link)
+    plan = derive_plan(engine.context, params, keep, late, engine.recompute_price)
+    if engine.edges:
+        plan = replace(plan, order_edges=engine.edges)
+    if params.prefetch_bytes and plan.swaps and link and engine.timeline:
+        return prefetched(engine, plan, params.prefetch_bytes, link, params.postpone_waits)
+    return Planned(plan)
+
+
+def late_swaps(
+    engine: Engine, params: PlanParams, keep: frozenset[str], link: Link | None
+) -> frozenset[str]:
+    """The backward pass's candidates live (from their producer to their last reader) at a
+    step where the plan of `params` without backward swaps passes `backward_limit` live
+    bytes: swapping them can lower those steps, swapping the others only costs time."""
+    planned = plan_of(engine, replace(params, backward_swaps=False), keep, link)
+    over = np.flatnonzero(live_bytes(engine, planned, link) > params.backward_limit)
+    graph, pos = engine.graph, engine.order.position
+    out = set()
+    for c in engine.context.candidates:
+        if c.made_in_backward:
+            tensor = graph.tensors[c.tensor]
+            first, last = pos[tensor.producer], max(pos[r] for r in tensor.consumers)
+            i = int(np.searchsorted(over, first))
+            if i < len(over) and over[i] <= last:
+                out.add(c.tensor)
+    return frozenset(out)
+
+
+def live_bytes(engine: Engine, planned: Planned | SwapPlan, link: Link | None) -> np.ndarray:
+    """The live device bytes at each step of a plan, timed with a `link` (from the simulation
+    derivation made of it, if any)."""
+    if isinstance(planned, SwapPlan):
+        planned = Planned(planned)
+    result = planned.result
+    if result is None:
+        result = engine.simulate_bare(planned.plan, link)
+    memory = result.memory
+    return memory.trace.live_by_step(len(engine.order.ops), memory.persistent_bytes)
+
+
+def prefetched(
+    engine: Engine, plan: SwapPlan, limit: int, link: Link, postpone: bool = True
+) -> Planned:
+    """`plan` with the waits for synchronized swap-outs moved later and swap-ins earlier,
+    where its live bytes leave room under `limit` (`simulator.prefetch`; the waits only
+    with `postpone`: the live bytes cannot show that later frees may fragment the heap).
+
+    With tensors of the backward pass swapped, fewer stalls make their device copies live
+    longer (until their copies to the host end, at later steps), which the live bytes
+    simulated before the moves do not show: while the moved plan's live peak passes
+    `limit`, the moves are made again under a limit lower by the excess (at most
+    `PREFETCH_ROUNDS` times)."""
+    timeline, graph = engine.timeline, engine.graph
+    assert timeline is not None
+    backward = engine.context.backward
+    if postpone and any(s.sync for s in plan.swaps):
+        live = live_bytes(engine, plan, link)
+        plan = postpone_waits(graph, timeline, plan, live, limit, link, backward)
+    live = live_bytes(engine, plan, link)
+    start = engine.backward_start
+    if not any(graph.tensors[s.tensor].producer in backward for s in plan.swaps):
+        return Planned(prefetch(graph, timeline, plan, live, limit, link, start, backward))
+    room = limit
+    for _ in range(PREFETCH_ROUNDS):
+        moved = prefetch(graph, timeline, plan, live, room, link, start, backward)
+        result = engine.simulate_bare(moved, link)
+        peak = result.memory.live_peak_bytes
+        if peak <= limit:
+            break
+        room -= peak - limit
+    return Planned(moved, result)
+
+
+def guarded(
+    engine: Engine,
+    params: PlanParams,
+    planned: Planned,
+    result: PlanResult,
+    late: frozenset[str] | None,
+    finish: Finish,
+) -> tuple[SwapPlan, PlanResult]:
+    """While the peak passes `recompute_limit`, swap instead the recomputes whose chains
+    hold bytes at the peak (a chain's intermediates, or a source swap-in brought forward
+    for it, can outweigh the tensor it makes), for at most `GUARD_ROUNDS` rounds: alike
+    blocks peak alike, one after another, so the peak may first rise; the lowest peak
+    found is kept, then `released` gives back the recomputes it did not need. `finish`
+    simulates a derived plan as the evaluation does (its allocator, its time model)."""
+    keep: frozenset[str] = frozenset()
+    plan = planned.plan
+    best = (keep, plan, result)
+    for _ in range(GUARD_ROUNDS):
+        if result.peak_bytes <= params.recompute_limit:
+            break
+        blamed = _at_peak(engine.graph, plan, result) - keep
+        if not blamed:
+            break
+        keep |= blamed
+        planned = plan_of(engine, params, keep, finish.link, late)
+        plan, result = planned.plan, finish(planned)
+        if result.peak_bytes < best[2].peak_bytes:
+            best = (keep, plan, result)
+    if best[0] and best[2].time is not None and best[2].peak_bytes <= params.recompute_limit:
+        return released(engine, params, *best, late, finish)
+    return best[1], best[2]
+
+
+def released(
+    engine: Engine,
+    params: PlanParams,
+    keep: frozenset[str],
+    plan: SwapPlan,
+    result: PlanResult,
+    late: frozenset[str] | None,
+    finish: Finish,
+) -> tuple[SwapPlan, PlanResult]:
+    """The guard swaps all the recomputes at a peak at once, where fewer would do: recompute
+    again each tensor it kept (at most `GUARD_RELEASES`, largest first) where the peak
+    stays within `recompute_limit` and the step gets shorter."""
+    tried = sorted(keep, key=lambda t: (-engine.graph.tensors[t].nbytes, t))
+    for name in tried[:GUARD_RELEASES]:
+        planned = plan_of(engine, params, keep - {name}, finish.link, late)
+        got = finish(planned)
+        if got.peak_bytes <= params.recompute_limit and _seconds(got) < _seconds(result):
+            keep, plan, result = keep - {name}, planned.plan, got
+    return plan, result
+
+
+class Finish:
+    """Simulates a derived plan as one evaluation does: its link, allocator and time model."""
+
+    def __init__(self, engine: Engine, link: Link | None, timed: bool, allocator: bool):
+        self.engine, self.link, self.timed, self.allocator = engine, link, timed, allocator
+
+    def __call__(self, planned: Planned) -> PlanResult:
+        return self.engine.finish(planned, self.link, self.timed, self.allocator)
+
+
+def _seconds(result: PlanResult) -> float:
+    return result.time.step_seconds if result.time else math.inf
+
+
+def _at_peak(graph: Graph, plan: SwapPlan, result: PlanResult) -> frozenset[str]:
+    """The tensors whose recomputes hold bytes at the live peak: a copy the chain made, or a
+    swap-in it reads."""
+    memory = result.memory
+    live = memory.trace.live_at(memory.peak_step)
+    out = set()
+    for rc in plan.recomputes:
+        held = {f"{t}@re" for t in rc.made(graph)} | {f"{t}@in{k}" for t, k in rc.sources}
+        if not held.isdisjoint(live):
+            out.add(rc.tensor)
+    return frozenset(out)

@@ -1,0 +1,69 @@
+"""Plan derivation's simulating steps (`simulator.refine`): what an evaluation reports is the
+simulation of the plan it returns, however derivation got there, and a plan derivation has
+simulated is not simulated again."""
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import simulator.engine
+from simulator import Graph, get_preset
+from simulator.derive import PlanParams
+from simulator.engine import Engine
+from tests.simulator.builders import held_gradient
+from tests.simulator.test_swap_properties import params, training_graphs
+
+
+def _engine(g: Graph, bandwidth: float) -> Engine:
+    slow = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=bandwidth)
+    return Engine.build(g, device=slow, cost=dict.fromkeys(g.ops, 1.0))
+
+
+@settings(max_examples=120, deadline=None)
+@given(training_graphs(), params, st.floats(1e2, 1e6), st.integers(1, 1 << 20), st.booleans())
+def test_an_evaluation_reports_the_simulation_of_the_plan_it_returns(
+    g: Graph, p: PlanParams, bw: float, limit: int, late: bool
+) -> None:
+    engine = _engine(g, bw)
+    p = replace(p, prefetch_bytes=limit, recompute_limit=limit)
+    if late:
+        p = replace(p, n_tensors=-1, backward_swaps=True, backward_limit=limit)
+    ev = engine.evaluate(p)
+    fresh = engine.simulate(ev.plan)
+    assert ev.result.peak_bytes == fresh.peak_bytes
+    assert ev.result.memory.live_peak_bytes == fresh.memory.live_peak_bytes
+    assert ev.result.time == fresh.time
+    assert ev.result.plan is ev.plan
+
+
+def test_a_plan_derivation_simulated_is_not_simulated_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    engine = _engine(held_gradient(), 1024.0)
+    link = engine.device.link if engine.device else None
+    plan = engine.evaluate(PlanParams(ub=1, sync_out=True)).plan
+    calls = []
+    real = simulator.engine.simulate_plan
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulator.engine, "simulate_plan", counted)
+    first = engine.simulate_bare(plan, link)
+    same = replace(plan, params={"another": "label"})  # the same swaps, another object
+    again = engine.simulate_bare(same, link)
+    assert len(calls) == 1
+    assert again.memory is first.memory and again.plan is same
+    engine.simulate_bare(replace(plan, swaps=plan.swaps[1:]), link)
+    assert len(calls) == 2
+
+
+def test_rounds_of_prefetching_report_the_last_rounds_plan() -> None:
+    # a held weight gradient swapped: each round prefetches under a lower limit (3 rounds)
+    engine = _engine(held_gradient(), 1000.0)
+    jit = PlanParams(ub=1, sync_out=True)
+    limit = engine.evaluate(jit).result.memory.live_peak_bytes // 2
+    p = replace(jit, backward_swaps=True, backward_limit=limit, prefetch_bytes=limit)
+    ev = engine.evaluate(p)
+    fresh = engine.simulate(ev.plan)
+    assert (ev.result.peak_bytes, ev.result.time) == (fresh.peak_bytes, fresh.time)
