@@ -47,3 +47,10 @@ def test_the_readme_test_command_is_what_ci_runs() -> None:
     assert command is not None
     for part in command.group(1).split(" && "):
         assert part.strip() in ci, part
+
+
+def test_the_cli_page_has_the_plan_flags_table_generated_from_the_parameters() -> None:
+    from autotune.cli.options import plan_flags_table
+
+    page = (ROOT / "docs" / "cli.md").read_text()
+    assert plan_flags_table() in page, "regenerate: python -m autotune.cli.options"

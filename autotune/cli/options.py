@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from autotune.calibration import resolve_device
 from autotune.units import parse_size
 from simulator import PRESETS, DevicePreset
-from simulator.derive import RECOMPUTE_MODES, TRIGGER_STRATEGIES, PlanParams
 from simulator.errors import UserError
+from simulator.params import PARAMS, Param, PlanParams
 
 __all__ = [
     "UsageError",
@@ -27,31 +29,6 @@ __all__ = [
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
-
-
-_PLAN_FLAGS = (
-    "n_tensors",
-    "lb",
-    "ub",
-    "threshold",
-    "groupby",
-    "trigger",
-    "sync_out",
-    "sync_lag",
-    "serialize",
-    "backward_swaps",
-    "backward_limit",
-    "include_types",
-    "exclude_types",
-    "include_scopes",
-    "exclude_scopes",
-    "recompute",
-    "recompute_ops",
-    "recompute_limit",
-    "recompute_heavy",
-    "prefetch_bytes",
-    "postpone_waits",
-)
 
 
 def size_arg(text: str) -> int:
@@ -91,103 +68,79 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
-    """The paper's swap parameters; giving any of them turns swapping on."""
+    """The swap parameters (`simulator.params.PARAMS`); giving any turns swapping on."""
     g = p.add_argument_group(
         "swap plan (defaults: the original tool's n_tensors=-1, lb=1, ub=10000)"
     )
-    g.add_argument("--n-tensors", type=_int_at_least(-1), help="tensors to swap: -1 all, 0 none")
-    g.add_argument("--lb", type=_int_at_least(1), help="swap in at least this many levels early")
-    g.add_argument("--ub", type=_int_at_least(1), help="swap in at most this many levels early")
-    g.add_argument(
-        "--threshold",
-        type=_int_at_least(1),
-        help="swap only tensors read at least this many levels after they are made",
-    )
-    g.add_argument(
-        "--groupby",
-        type=_int_at_least(0),
-        help="fuse swap-ins of one tensor whose readers lie within this many levels",
-    )
-    g.add_argument("--trigger", choices=TRIGGER_STRATEGIES, help="how to find swap-in triggers")
-    g.add_argument(
-        "--sync-out",
-        action="store_const",
-        const=True,
-        help="forward readers of a swapped tensor wait for its swap-out (original sync_mode 1)",
-    )
-    g.add_argument(
-        "--sync-lag",
-        type=_int_at_least(0),
-        help="with --sync-out, the first op this many levels after a swapped tensor's producer "
-        "waits for its swap-out instead of its readers (0: the readers wait)",
-    )
-    g.add_argument(
-        "--serialize",
-        action="store_const",
-        const=True,
-        help="add order edges that keep the backward pass from holding large tensors at once",
-    )
-    g.add_argument(
-        "--backward-swaps",
-        action="store_const",
-        const=True,
-        help="with --n-tensors -1, also swap tensors the backward pass makes and first reads "
-        "at least --threshold levels later (weight gradients held for the optimizer)",
-    )
-    g.add_argument(
-        "--backward-limit",
-        type=size_arg,
-        help="with --backward-swaps, swap only the backward tensors live where the plan "
-        "without them passes this size, e.g. 14GiB (fit sets it to the budget)",
-    )
-    g.add_argument(
-        "--recompute",
-        choices=RECOMPUTE_MODES,
-        help="none: swap only; cheap: make every tensor a short chain of cheap element-wise "
-        "ops can make from tensors held anyway again in the backward pass, swap the rest",
-    )
-    g.add_argument(
-        "--recompute-ops", type=_int_at_least(1), help="ops a recompute may re-run (default 5)"
-    )
-    g.add_argument(
-        "--recompute-limit",
-        type=size_arg,
-        help="while the plan's simulated peak passes this size, swap instead the recomputes "
-        "whose chains hold bytes at the peak (fit sets it to the budget)",
-    )
-    g.add_argument(
-        "--recompute-heavy",
-        type=_share,
-        help="with --recompute cheap and --device: chains may also re-run convolutions and "
-        "matrix products where they cost at most this share of the transfer time they save, "
-        "e.g. 1 (default 0: never)",
-    )
-    g.add_argument(
-        "--prefetch",
-        dest="prefetch_bytes",
-        type=size_arg,
-        help="with --device: move swap-ins earlier, and with --sync-out the waits for "
-        "swap-outs later, while the live bytes stay within this size, e.g. 14GiB (default: off)",
-    )
-    g.add_argument(
-        "--no-postpone-waits",
-        dest="postpone_waits",
-        action="store_const",
-        const=False,
-        help="with --prefetch and --sync-out: leave the waits for swap-outs where they are",
-    )
-    for what in ("include", "exclude"):
-        g.add_argument(f"--{what}-types", type=_names, help=f"{what} producers of these op types")
-        g.add_argument(
-            f"--{what}-scopes",
-            type=_names,
-            help=f"{what} producers under these name scopes (comma separated)",
-        )
+    defaults = PlanParams()
+    for param in PARAMS:
+        default = getattr(defaults, param.name)
+        if isinstance(default, bool):  # a flag sets the value its default is not
+            g.add_argument(
+                param.option, dest=param.name, action="store_const", const=not default,
+                help=param.help,
+            )  # fmt: skip
+        elif param.choices:
+            g.add_argument(param.option, dest=param.name, choices=param.choices, help=param.help)
+        else:
+            g.add_argument(param.option, dest=param.name, type=_parser(param, default),
+                           help=_with_default(param, default))  # fmt: skip
+
+
+def _parser(param: Param, default: Any) -> Callable[[str], Any]:
+    """How the command line reads one parameter's value."""
+    if param.size:
+        return size_arg
+    if isinstance(default, tuple):
+        return _names
+    if isinstance(default, float):
+        return _share
+    return _int_at_least(int(param.low if param.low is not None else -(2**63)))
+
+
+def _with_default(param: Param, default: Any) -> str:
+    """A parameter's help, with its default where the help does not say it."""
+    if "(" in param.help or default in ((), 0) or param.size:
+        return param.help
+    return f"{param.help} (default {default})"
+
+
+def plan_flags_table() -> str:
+    """docs/cli.md's table of the swap plan flags, from `PARAMS`."""
+    defaults = PlanParams()
+    rows = ["| flag | default | searched by `fit` as | meaning |", "|---|---|---|---|"]
+    for param in PARAMS:
+        default = getattr(defaults, param.name)
+        flag = f"{param.option} {_metavar(param, default)}".strip()
+        shown = _shown_default(param, default)
+        rows.append(f"| `{flag}` | {shown} | {param.search or 'not searched'} | {param.help} |")
+    return "\n".join(rows) + "\n"
+
+
+def _metavar(param: Param, default: Any) -> str:
+    if isinstance(default, bool):
+        return ""
+    if param.choices:
+        return "\\|".join(param.choices)
+    if param.size:
+        return "SIZE"
+    if isinstance(default, tuple):
+        return "NAME,..."
+    return "X" if isinstance(default, float) else "N"
+
+
+def _shown_default(param: Param, default: Any) -> str:
+    if isinstance(default, bool) or (param.size and not default):
+        return "off"
+    if isinstance(default, tuple):
+        return "none"
+    return f"`{default}`" if isinstance(default, str) else f"{default:g}"
 
 
 def plan_params(args: argparse.Namespace) -> PlanParams | None:
     """The parameters given on the command line, or None when no swap flag was given."""
-    given = {k: getattr(args, k) for k in _PLAN_FLAGS if getattr(args, k, None) is not None}
+    names = (p.name for p in PARAMS)
+    given = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
     return PlanParams(**given) if given else None
 
 
@@ -324,3 +277,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive_int, required=True, help="images per step")
     p.add_argument("--cube", type=positive_int, default=None, help="edge length for 3D models")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+if __name__ == "__main__":
+    print(plan_flags_table(), end="")

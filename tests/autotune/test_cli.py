@@ -294,3 +294,26 @@ def test_the_tuned_parameters_print_as_pairs_with_units() -> None:
         "prefetch_bytes=3.00", "GiB",
     ]  # fmt: skip
     assert "threshold" not in line and "[]" not in line  # defaults and empty lists left out
+
+
+def test_every_plan_parameter_is_an_option_read_into_its_field() -> None:
+    import argparse
+
+    from autotune.cli.main import build_parser
+    from autotune.cli.options import plan_params
+    from simulator.params import PARAMS, PlanParams
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("simulate", "verify"):
+        options = sub.choices[command]._option_string_actions
+        assert all(p.option in options for p in PARAMS), command
+    given = "--prefetch 1GiB --no-postpone-waits --sync-out --include-types Relu,Conv2D"
+    given += " --recompute-heavy 0.5 --lb 2 --ub 3 --recompute cheap --backward-limit 2KiB"
+    args = parser.parse_args(["simulate", "--model", "m", "--batch-size", "2", *given.split()])
+    assert plan_params(args) == PlanParams(
+        prefetch_bytes=2**30, postpone_waits=False, sync_out=True, include_types=("Relu", "Conv2D"),
+        recompute_heavy=0.5, lb=2, ub=3, recompute="cheap", backward_limit=2048,
+    )  # fmt: skip
+    bare = parser.parse_args(["simulate", "--model", "m", "--batch-size", "2"])
+    assert plan_params(bare) is None
