@@ -174,79 +174,94 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug", action="store_true", help="show the full traceback of an internal error"
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {
-        "models": cmd_models,
-        "simulate": cmd_simulate,
-        "measure": cmd_measure,
-        "verify": cmd_verify,
-        "fit": cmd_fit,
-        "bench": cmd_bench,
-        "calibrate": cmd_calibrate,
+    commands: dict[str, tuple[Callable[[argparse.Namespace], int], _Adder]] = {
+        "models": (cmd_models, _models_args),
+        "simulate": (cmd_simulate, _simulate_args),
+        "measure": (cmd_measure, _measure_args),
+        "verify": (cmd_verify, _verify_args),
+        "fit": (cmd_fit, add_fit_args),
+        "bench": (cmd_bench, _bench_args),
+        "calibrate": (cmd_calibrate, _calibrate_args),
     }
-    for name, fn in commands.items():
+    for name, (fn, add_args) in commands.items():
         p = sub.add_parser(name, help=(fn.__doc__ or "").strip(), description=fn.__doc__)
         p.set_defaults(func=fn)
-        if name == "models":
-            p.add_argument("--json", action="store_true", help="print one JSON object")
-        elif name == "fit":
-            add_fit_args(p)
-        elif name == "calibrate":
-            add_model_args(p)
-            add_calibrate_args(p)
-        elif name == "bench":
-            p.add_argument("--quick", action="store_true", help="tiny models only (CI-sized)")
-            p.add_argument("--out", help="folder (default results/, or results/quick with --quick)")
-        else:
-            add_model_args(p)
-        if name == "measure":
-            p.add_argument("--repeats", type=positive_int, default=3, help="measured steps")
-            p.add_argument(
-                "--warmup-steps",
-                type=positive_int,
-                default=1,
-                help="steps run before measuring (default 1: a run's first steps; on the CPU, "
-                "about 120 measure a longer run, once cheap kernels run inline)",
-            )
-        if name == "verify":
-            add_plan_args(p)
-            p.add_argument("--steps", type=positive_int, default=3, help="measured steps")
-            p.add_argument(
-                "--device",
-                type=device_arg,
-                help=f"derive the plan with this time model (needed by --prefetch): {DEVICE_HELP}",
-            )
-            p.add_argument(
-                "--dry-run",
-                action="store_true",
-                help="without a GPU: also run the GPU form of the tuned step on two logical "
-                "CPUs and check that every swap-in waits for its trigger",
-            )
-            p.add_argument(
-                "--gpu-memory",
-                type=size_arg,
-                default=None,
-                help="run the GPU under this logical memory limit, e.g. 16GiB",
-            )
-        if name == "simulate":
-            add_plan_args(p)
-            add_device_args(p)
-            p.add_argument(
-                "--costs",
-                choices=COSTS,
-                default="analytical",
-                help="per-op times: Grappler's estimate for the preset, or measured here",
-            )
-            p.add_argument(
-                "--schedule",
-                choices=SCHEDULES,
-                default="auto",
-                help="op order to simulate: the paper's categorized order (no device needed); "
-                "or the graph TensorFlow runs (after Grappler) in its executor's order, "
-                "emulated (executor) or recorded from one profiled step on this device; "
-                "auto (default): executor for the step as it is on this machine, categorized "
-                "with a plan or a device preset",
-            )
+        add_args(p)
     return parser
+
+
+_Adder = Callable[[argparse.ArgumentParser], None]
+
+
+def _models_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="tiny models only (CI-sized)")
+    p.add_argument("--out", help="folder (default results/, or results/quick with --quick)")
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_calibrate_args(p)
+
+
+def _measure_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    p.add_argument("--repeats", type=positive_int, default=3, help="measured steps")
+    p.add_argument(
+        "--warmup-steps",
+        type=positive_int,
+        default=1,
+        help="steps run before measuring (default 1: a run's first steps; on the CPU, "
+        "about 120 measure a longer run, once cheap kernels run inline)",
+    )
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_plan_args(p)
+    p.add_argument("--steps", type=positive_int, default=3, help="measured steps")
+    p.add_argument(
+        "--device",
+        type=device_arg,
+        help=f"derive the plan with this time model (needed by --prefetch): {DEVICE_HELP}",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="without a GPU: also run the GPU form of the tuned step on two logical "
+        "CPUs and check that every swap-in waits for its trigger",
+    )
+    p.add_argument(
+        "--gpu-memory",
+        type=size_arg,
+        default=None,
+        help="run the GPU under this logical memory limit, e.g. 16GiB",
+    )
+
+
+def _simulate_args(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_plan_args(p)
+    add_device_args(p)
+    p.add_argument(
+        "--costs",
+        choices=COSTS,
+        default="analytical",
+        help="per-op times: Grappler's estimate for the preset, or measured here",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="auto",
+        help="op order to simulate: the paper's categorized order (no device needed); "
+        "or the graph TensorFlow runs (after Grappler) in its executor's order, "
+        "emulated (executor) or recorded from one profiled step on this device; "
+        "auto (default): executor for the step as it is on this machine, categorized "
+        "with a plan or a device preset",
+    )
 
 
 def _prepare_environment() -> None:
