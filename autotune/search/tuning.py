@@ -201,12 +201,31 @@ def fit(
         step_or_model, example_args, loss, optimizer, batch_size, input_shape, distributed
     )
     bars = Progress(progress)
-    url = storage or default_storage(Path(out))
+    opts: dict[str, Any] = {
+        "trials": trials, "seed": seed, "storage": storage or default_storage(Path(out)),
+        "objectives": objectives, "recompute": recompute,
+    }  # fmt: skip
     if max_batch:
         given = batch_size or leading_dim(example_args)
-        opts = {"trials": trials, "seed": seed, "storage": url, "objectives": objectives,
-                "batch_size": given, "recompute": recompute}  # fmt: skip
-        return _fit_max_batch(capture_at, preset, budget, study, bars, **opts)
+        return _fit_max_batch(capture_at, preset, budget, study, bars, batch_size=given, **opts)
+    return _fit_one_batch(capture_at, _model_name(named), preset, budget, study, bars, **opts)
+
+
+def _fit_one_batch(
+    capture_at: Callable[[int | None], Captured],
+    model: str,
+    preset: DevicePreset,
+    budget: Budget,
+    study: str | None,
+    bars: Progress,
+    *,
+    trials: int,
+    seed: int,
+    storage: str,
+    objectives: int,
+    recompute: str,
+) -> TuningResult:
+    """`fit` at the step's own batch: capture, estimate op costs, tune."""
     bars.expect(3)
     bars.stage("tracing the step")
     captured = capture_at(None)
@@ -214,17 +233,16 @@ def fit(
     batch = leading_dim(captured.specs)
     engine = _engine(captured, preset)
     name = study or study_name(
-        _model_name(named), batch or "x", preset.name, budget.bytes, budget.host_bytes,
-        recompute,
-    )  # fmt: skip
+        model, batch or "x", preset.name, budget.bytes, budget.host_bytes, recompute
+    )
     bars.stage("baselines")
     tuned = tune_captured(
-        captured, engine, budget, trials=trials, seed=seed, storage=url, name=name,
+        captured, engine, budget, trials=trials, seed=seed, storage=storage, name=name,
         objectives=objectives, batch_size=batch, progress=bars, recompute=recompute,
     )  # fmt: skip
     if batch is not None:
         tuned.recapture = capture_at
-        tuned.tuning = {"trials": trials, "seed": seed, "storage": url, "name": name,
+        tuned.tuning = {"trials": trials, "seed": seed, "storage": storage, "name": name,
                         "recompute": recompute}  # fmt: skip
     return tuned.check_fits()
 
