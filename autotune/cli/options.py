@@ -203,8 +203,8 @@ def ratio_arg(text: str) -> float:
 
 
 def add_fit_args(p: argparse.ArgumentParser) -> None:
-    from autotune.search.core import DEFAULT_SAFETY_RATIO, RECOMPUTE_CHOICES
-    from autotune.search.tuning import DEFAULT_DEVICE, DEFAULT_TRIALS
+    """fit's options: the step and its size, the device and host, then the search."""
+    from autotune.search.tuning import DEFAULT_DEVICE
 
     p.add_argument(
         "--model", required=True, help="zoo model name, or path/to/file.py:build_function"
@@ -242,6 +242,14 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", type=device_arg, default=DEFAULT_DEVICE, help=f"the GPU: {DEVICE_HELP}"
     )
+    _add_search_args(p)
+
+
+def _add_search_args(p: argparse.ArgumentParser) -> None:
+    """fit's options of the search, its study and its output."""
+    from autotune.search.core import DEFAULT_SAFETY_RATIO, RECOMPUTE_CHOICES
+    from autotune.search.tuning import DEFAULT_TRIALS
+
     p.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS, help="Optuna trials")
     p.add_argument("--seed", type=int, default=0, help="sampler seed (reproducible search)")
     p.add_argument(

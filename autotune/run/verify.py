@@ -250,15 +250,7 @@ def verify_captured(
     executed, gating = _first_call(tuned, inputs)
     dry_run = dry_run and device != "GPU:0"  # a GPU runs the real thing
     if dry_run:
-        dry = apply_plan(
-            captured,
-            tuned.plan,
-            mode="device",
-            compute_device="/device:CPU:0",
-            host_device="/device:CPU:1",
-            pin_order=True,
-        )
-        gating = check_gating(dry, executed_partitions(dry, *inputs), inputs)
+        gating = _dry_run_gating(captured, tuned.plan, inputs)
     own = resident_bytes(captured.graph)
     tuned_run = _run(tuned, inputs, device, steps, own)
     base_run = _run(captured.concrete_function, inputs, device, steps, own)
@@ -284,6 +276,20 @@ def verify_captured(
         *times,
         model,
     )
+
+
+def _dry_run_gating(captured: Captured, plan: SwapPlan, inputs: list[Any]) -> Any:
+    """The GPU form of the tuned step, run on two logical CPUs: whether every swap-in waited
+    for its trigger (`autotune.run.gating`)."""
+    dry = apply_plan(
+        captured,
+        plan,
+        mode="device",
+        compute_device="/device:CPU:0",
+        host_device="/device:CPU:1",
+        pin_order=True,
+    )
+    return check_gating(dry, executed_partitions(dry, *inputs), inputs)
 
 
 def _predicted_seconds(

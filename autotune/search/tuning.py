@@ -186,8 +186,7 @@ def fit(
     `gpu_memory` on its own device and an equal share of `host_memory` (the machine's; the
     replicas of one machine swap into the same host memory); sizes are per replica.
     """
-    _check_options(trials, objectives)
-    check_recompute(recompute)
+    _check_options(trials, objectives, recompute)
     preset = resolve_device(device)
     host = resolve_host_memory(host_memory)
     distributed, named = None, step_or_model
@@ -201,10 +200,9 @@ def fit(
         step_or_model, example_args, loss, optimizer, batch_size, input_shape, distributed
     )
     bars = Progress(progress)
-    opts: dict[str, Any] = {
-        "trials": trials, "seed": seed, "storage": storage or default_storage(Path(out)),
-        "objectives": objectives, "recompute": recompute,
-    }  # fmt: skip
+    url = storage or default_storage(Path(out))
+    opts: dict[str, Any] = {"trials": trials, "seed": seed, "storage": url,
+                            "objectives": objectives, "recompute": recompute}  # fmt: skip
     if max_batch:
         given = batch_size or leading_dim(example_args)
         return _fit_max_batch(capture_at, preset, budget, study, bars, batch_size=given, **opts)
@@ -247,7 +245,8 @@ def _fit_one_batch(
     return tuned.check_fits()
 
 
-def _check_options(trials: int, objectives: int) -> None:
+def _check_options(trials: int, objectives: int, recompute: str) -> None:
+    check_recompute(recompute)
     if trials < 1:
         raise UserError(f"trials must be at least 1, got {trials}")
     if objectives not in (1, 2):
