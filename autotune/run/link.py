@@ -96,12 +96,12 @@ def _emulated_link(tf: Any, x: Any, nbytes: int, repeats: int) -> LinkFigures:
     """The emulated swap ops of a tuned step, a swap-out and its swap-in, each timed by the
     profiler. They run on the compute device's threads, so both ways at once take the sum."""
     from autotune.run.profile import trace_ops
-    from rewriter.apply import _swap_in, _swap_out
+    from rewriter.hostops import swap_in, swap_out
 
     @tf.function
     def round_trip(x: Any) -> Any:
-        token = _swap_out(x, "emulated", 1, "probe_out")
-        return _swap_in(token, x, "emulated", "probe_in")[:1]
+        token = swap_out(x, "emulated", 1, "probe_out")
+        return swap_in(token, x, "emulated", "probe_in")[:1]
 
     names = {"probe_out", "probe_in/fetch", "probe_in/fetch/shape", "probe_in"}
     round_trip(x)

@@ -408,12 +408,12 @@ ONE_COPY = """
 from autotune.run.measure import prepare_measurement
 prepare_measurement()
 import tensorflow as tf
-from rewriter.apply import _swap_in, _swap_out
+from rewriter.hostops import swap_in, swap_out
 
 @tf.function
 def step(x):
-    stored = _swap_out(x * 2.0, "host", 1, "out")
-    return tf.reduce_sum(_swap_in(stored, x, "host", "in"))
+    stored = swap_out(x * 2.0, "host", 1, "out")
+    return tf.reduce_sum(swap_in(stored, x, "host", "in"))
 
 x = tf.zeros([1 << 21])  # 8 MiB
 step(x)
