@@ -3,15 +3,7 @@
 Nothing in this package imports TensorFlow; `tests/simulator/test_no_tensorflow.py` proves it.
 """
 
-from simulator.allocator import (
-    BFCHeap,
-    BFCModel,
-    OutOfMemory,
-    Request,
-    replay_history,
-    replay_peak,
-    with_allocator,
-)
+from simulator.allocator import BFCModel, OutOfMemory
 from simulator.bounds import lower_bound_bytes
 from simulator.devices import PRESETS, DevicePreset, get_preset
 from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
@@ -32,6 +24,7 @@ from simulator.order import (
     scheduled_order,
 )
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapIn, SwapPlan
+from simulator.replay import BFCHeap, Request, replay_history, replay_peak, with_allocator
 from simulator.run import PlanResult, simulate_plan
 from simulator.swap import lower_plan
 from simulator.timing import Link, Timeline, TimeResult, Transfer, simulate_time

@@ -31,7 +31,6 @@ from simulator import (
     lower_bound_bytes,
     simulate_plan,
 )
-from simulator.allocator import with_allocator
 from simulator.bounds import time_bound_seconds
 from simulator.derive import (
     LEAST_MEMORY,
@@ -48,6 +47,7 @@ from simulator.opsemantics import (
 )
 from simulator.order_edges import Edge, deferral_edges, feeder_edges, find_order_edges, grouped
 from simulator.refine import Finish, Planned, guarded, late_swaps, plan_of
+from simulator.replay import with_allocator
 from simulator.timing import Link
 
 __all__ = ["Engine", "Evaluation"]

@@ -6,7 +6,7 @@ the accounting and the peak, after XLA's HeapSimulator and its heap algorithms. 
 
 - `LiveBytes`: the sum of live buffers, each rounded to the allocator's granularity. The walk
   runs with it and records its running total in the trace, so plots read live bytes off it.
-- `simulator.allocator.BFCHeap`: TensorFlow's best-fit-with-coalescing allocator, whose peak
+- `simulator.replay.BFCHeap`: TensorFlow's best-fit-with-coalescing allocator, whose peak
   counts whole chunks and so is at least the live peak. It replays the trace's events.
 """
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.allocator import BFCModel, with_allocator
+from simulator.allocator import BFCModel
 from simulator.graph import Graph
 from simulator.memory import Program, SimResult, paused_gc, simulate_memory
 from simulator.plan import SwapPlan
+from simulator.replay import with_allocator
 from simulator.swap import lower_plan
 from simulator.timing import Link, Timeline, TimeResult, simulate_time
 

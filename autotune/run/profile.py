@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.capture import Captured
-from simulator.allocator import Request
 from simulator.graph import Graph
+from simulator.replay import Request
 
 __all__ = [
     "AllocationHistory",
