@@ -8,14 +8,7 @@ from simulator.bounds import lower_bound_bytes
 from simulator.devices import PRESETS, DevicePreset, get_preset
 from simulator.graph import Graph, GraphError, Op, Tensor, TensorKind
 from simulator.heap import GRANULARITY, Heap, LiveBytes, round_up
-from simulator.memory import (
-    Assignment,
-    Move,
-    Program,
-    SimResult,
-    compile_program,
-    simulate_memory,
-)
+from simulator.memory import SimResult, simulate_memory
 from simulator.order import (
     Order,
     categorized_order,
@@ -24,6 +17,7 @@ from simulator.order import (
     scheduled_order,
 )
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapIn, SwapPlan
+from simulator.program import Assignment, Move, Program, compile_program
 from simulator.replay import BFCHeap, Request, replay_history, replay_peak, with_allocator
 from simulator.run import PlanResult, simulate_plan
 from simulator.swap import lower_plan

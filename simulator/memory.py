@@ -1,11 +1,12 @@
 """The memory interpreter: walk the schedule, allocate outputs, free buffers after their last use.
 
-The walk decides when each buffer is allocated and freed and hands those events to a heap
-(`simulator.heap`), which owns the accounting and the peak, after XLA's HeapSimulator: the walk
-runs with the live-bytes heap; the BFC allocator replays its trace. Liveness comes from a
-reverse walk (last use).
-Buffers, not tensors, are allocated: a forwarding op (Identity, Reshape, ReadVariableOp) shares its
-input's buffer, and an element-wise op may take over an input buffer that dies at that op.
+The schedule is compiled once per graph and order (`simulator.program`). The walk decides when
+each buffer is allocated and freed and hands those events to a heap (`simulator.heap`), which
+owns the accounting and the peak, after XLA's HeapSimulator: the walk runs with the live-bytes
+heap; the BFC allocator replays its trace (`simulator.replay`). Liveness comes from a reverse
+walk (last use). Buffers, not tensors, are allocated: a forwarding op (Identity, Reshape,
+ReadVariableOp) shares its input's buffer, and an element-wise op may take over an input
+buffer that dies at that op.
 """
 
 from __future__ import annotations
@@ -13,92 +14,20 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
-from simulator.graph import Graph
-from simulator.heap import GRANULARITY, LiveBytes, round_up
-from simulator.order import Order, categorized_order
+from simulator.heap import LiveBytes
+from simulator.order import Order
+from simulator.program import Move, Program
 from simulator.trace import EventKind, Trace
 
-__all__ = [
-    "Assignment",
-    "Move",
-    "Program",
-    "SimResult",
-    "compile_program",
-    "paused_gc",
-    "simulate_memory",
-]
+__all__ = ["SimResult", "paused_gc", "simulate_memory"]
 
 
 _SWAP_OUT = int(EventKind.SWAP_OUT)
 _SWAP_IN = int(EventKind.SWAP_IN)
 _HOST_FREE = int(EventKind.HOST_FREE)
 _RECOMPUTE = int(EventKind.RECOMPUTE)
-
-# One output in the compiled program: (tensor id, allocation bytes, forwarded-from id, in-place ids)
-_Out = tuple[int, int, int, tuple[int, ...]]
-
-
-class Assignment(NamedTuple):
-    """A write at `step` to the variable held `held`-th (in `Program.resident_sizes`): it may
-    adopt the buffer of tensor `value` (-1: the write is in place), and a read of the variable
-    made before it is last consumed at step `release` (-1: none is pending)."""
-
-    step: int
-    held: int
-    value: int
-    release: int
-
-
-class Move(NamedTuple):
-    """An `Assignment` as the walk placed it: `buffer` is the value's buffer (-1: none)."""
-
-    step: int
-    held: int
-    buffer: int
-    release: int
-
-
-@dataclass(frozen=True)
-class Program:
-    """A graph and its order lowered to integer arrays: each simulation is then one tight loop."""
-
-    order: Order
-    names: list[str]
-    #: per step, the outputs it places; one more, empty, for the end of the step
-    steps: list[list[_Out]]
-    last_use: list[int]
-    alloc_bytes: list[int]
-    persistent_bytes: int
-    levels: list[int]
-    #: the steps a walk has work at, in order: those that place outputs, free a buffer (every
-    #: free happens at the last use of an output placed or forwarded) or have swap events, and
-    #: the end of the step. Most ops of a training graph (constants, variable reads, shape ops)
-    #: have none.
-    visits: list[int]
-    #: the bytes of each resident tensor (none is added by a plan), as an allocator holds them
-    resident_sizes: tuple[int, ...]
-    tid: dict[str, int] = field(default_factory=dict)
-    #: per step, host copies made (tensor id, bytes) and host copies released
-    host_out: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    host_free: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
-    #: per step, the swap-in copies its op triggers: they start once the op has finished, so
-    #: they are allocated after the inputs it was the last to read are freed
-    swap_ins: dict[int, list[_Out]] = field(default_factory=dict)
-    #: the variable writes, in step order: TensorFlow moves variables between buffers there
-    assignments: tuple[Assignment, ...] = ()
-    #: per step, the buffers of the ops a plan re-runs after the op at that step, in order:
-    #: (buffer id, bytes, +1 placed / -1 freed), after the step's frees and swap-ins; a
-    #: buffer placed there and never freed there lives to its last use
-    recomputes: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
-
-
-def added_visits(visits: list[int], steps: Iterable[int]) -> list[int]:
-    """`visits` (sorted) with `steps` added: where a swap plan adds frees or swap events."""
-    new = set(steps).difference(visits)
-    return sorted(visits + list(new)) if new else visits
 
 
 @dataclass(frozen=True)
@@ -137,114 +66,6 @@ class SimResult:
         """The `n` largest tensors live at the peak of the walk, largest first, with bytes."""
         live = self.trace.live_at(self.peak_step)
         return sorted(live.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
-
-
-def _last_uses(graph: Graph, order: Order, tid: dict[str, int]) -> list[int]:
-    """Position of each tensor's last consumer; step outputs live to the end of the step."""
-    n = len(order.ops)
-    last = [0] * len(tid)
-    for name, t in graph.tensors.items():
-        uses = [order.position[c] for c in t.consumers]
-        last[tid[name]] = max(uses) if uses else order.position[t.producer]
-    for name in graph.outputs:
-        last[tid[name]] = n
-    return last
-
-
-def compile_program(
-    graph: Graph, order: Order | None = None, *, granularity: int = GRANULARITY
-) -> Program:
-    """Lower `graph` in `order` (the categorized order by default) for `simulate_memory`."""
-    order = order or categorized_order(graph)
-    names = list(graph.tensors)
-    tid = {name: i for i, name in enumerate(names)}
-    tensors = [graph.tensors[n] for n in names]
-    resident = [t.kind.resident for t in tensors]
-    alloc = [round_up(t.nbytes, granularity) for t in tensors]
-    last = _last_uses(graph, order, tid)
-    unwalked = [not t.kind.on_device for t in tensors]  # no device buffer of its own to walk
-    steps: list[list[_Out]] = []
-    for p, op_name in enumerate(order.ops):
-        op = graph.ops[op_name]
-        ins = [tid[i] for i in op.inputs]
-        outs: list[_Out] = []
-        for j, out in enumerate(op.outputs):
-            fwd = ins[op.forwards[j]] if j in op.forwards else -1
-            cands = tuple(ins[i] for i in op.inplace) if j == 0 else ()
-            if (fwd >= 0 and unwalked[fwd]) or (fwd < 0 and not alloc[tid[out]]):
-                unwalked[tid[out]] = True  # an alias of a buffer held across the step, or empty
-            if unwalked[tid[out]]:
-                continue  # resident, no bytes, or an alias of either: nothing to walk
-            outs.append((tid[out], alloc[tid[out]], fwd, cands))
-        if op.scratch:
-            # the kernel's temporary memory: a buffer that dies at the step that made it
-            outs.append((len(names), round_up(op.scratch, granularity), -1, ()))
-            names.append(f"{op_name}:scratch")
-            alloc.append(outs[-1][1])
-            resident.append(False)
-            last.append(p)
-        steps.append(outs)
-    steps.append([])  # the end of the step: its outputs are freed
-    levels = [order.level[o] for o in order.ops]
-    placing = {p for p, outs in enumerate(steps) if outs}
-    freeing = {last[t] for outs in steps for t, _, _, _ in outs}
-    visits = sorted(placing | freeing | {len(order.ops)})
-    held_names = [n for n, a, r in zip(names, alloc, resident) if r and a]
-    held = tuple(alloc[tid[n]] for n in held_names)
-    assignments = _assignments(graph, order, tid, last, held_names)
-    return Program(
-        order,
-        names,
-        steps,
-        last,
-        alloc,
-        sum(held),
-        levels,
-        visits,
-        held,
-        tid,
-        assignments=assignments,
-    )
-
-
-def _assignments(
-    graph: Graph, order: Order, tid: dict[str, int], last: list[int], held_names: list[str]
-) -> tuple[Assignment, ...]:
-    """The writes of held variables (`Op.assigns`; `held_names`: the held tensors in holding
-    order) in step order, each with the step at which the reads of the variable made before
-    it are last consumed."""
-    held = {name: i for i, name in enumerate(held_names)}
-    out = []
-    for p, name in enumerate(order.ops):
-        op = graph.ops[name]
-        if not op.assigns:
-            continue
-        variable = graph.buffer_root(op.inputs[0])
-        if variable not in held:
-            continue
-        reads = [
-            last[tid[a]]
-            for a in _aliases(graph, variable)
-            if order.position[graph.tensors[a].producer] < p
-        ]
-        release = max(reads, default=-1)
-        value = tid[op.inputs[1]] if op.assigns == "adopt" else -1
-        out.append(Assignment(p, held[variable], value, release if release > p else -1))
-    return tuple(out)
-
-
-def _aliases(graph: Graph, name: str) -> list[str]:
-    """The tensors that share tensor `name`'s buffer through forwarding ops."""
-    out, todo = [], [name]
-    while todo:
-        t = todo.pop()
-        for consumer in dict.fromkeys(graph.tensors[t].consumers):
-            op = graph.ops[consumer]
-            for j, i in op.forwards.items():
-                if op.inputs[i] == t:
-                    out.append(op.outputs[j])
-                    todo.append(op.outputs[j])
-    return out
 
 
 class _Walk:

@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 from simulator.allocator import BFCModel
 from simulator.heap import GRANULARITY
-from simulator.memory import Move, SimResult, paused_gc
+from simulator.memory import SimResult, paused_gc
+from simulator.program import Move
 from simulator.trace import EventKind, Row, Trace
 
 __all__ = ["BFCHeap", "Request", "replay_history", "replay_peak", "with_allocator"]

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from simulator.allocator import BFCModel
 from simulator.graph import Graph
-from simulator.memory import Program, SimResult, paused_gc, simulate_memory
+from simulator.memory import SimResult, paused_gc, simulate_memory
 from simulator.plan import SwapPlan
+from simulator.program import Program
 from simulator.replay import with_allocator
 from simulator.swap import lower_plan
 from simulator.timing import Link, Timeline, TimeResult, simulate_time

@@ -17,9 +17,9 @@ import dataclasses
 from collections import Counter
 
 from simulator.graph import Graph, Op
-from simulator.memory import Program, _Out, added_visits
 from simulator.opsemantics import PRODUCTS
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapPlan
+from simulator.program import PlacedOutput, Program, added_visits
 
 __all__ = ["lower_plan"]
 
@@ -64,7 +64,7 @@ class _Lowering:
         self.alloc = list(program.alloc_bytes)
         self.host_out: dict[int, list[tuple[int, int]]] = {}
         self.host_free: dict[int, list[tuple[int, int]]] = {}
-        self.swap_ins: dict[int, list[_Out]] = {}
+        self.swap_ins: dict[int, list[PlacedOutput]] = {}
         self.recomputes: dict[int, list[tuple[int, int, int]]] = {}
         self.extended: list[int] = []  # steps to which a chain's input now lives
         self._recomputed: list[str] = []
@@ -300,7 +300,7 @@ class _Lowering:
         )
 
 
-def _reroute(out: _Out, old: int, new: int) -> _Out:
+def _reroute(out: PlacedOutput, old: int, new: int) -> PlacedOutput:
     """An output entry of a rerouted consumer that reads `new` wherever it read `old` (with
     `new` -1, one that takes over `old`'s replacement in no case)."""
     t, nbytes, fwd, cands = out

@@ -16,7 +16,7 @@ from simulator import (
     simulate,
     simulate_memory,
 )
-from simulator.memory import added_visits
+from simulator.program import added_visits
 from tests.simulator.builders import add, chain, diamond, random_graphs
 
 
