@@ -71,6 +71,11 @@ class TimeResult:
     released: dict[str, int] = field(default_factory=dict)
     #: per trigger step, the seconds of the ops the plan re-runs after it
     recomputed: dict[int, float] = field(default_factory=dict)
+    #: per stalled step, what it waited for last: "swap-out" (a synchronized swap-out's
+    #: reader or waiter) or "swap-in"
+    stall_causes: dict[int, str] = field(default_factory=dict)
+    #: per trigger step, the seconds its re-run ops waited for their swapped-in inputs
+    recompute_waits: dict[int, float] = field(default_factory=dict)
 
     @property
     def recompute_seconds(self) -> float:
@@ -96,12 +101,24 @@ class TimeResult:
     def stall_seconds(self) -> float:
         return sum(self.stalls.values())
 
+    def waits(self) -> dict[str, float]:
+        """Seconds the step waited, by what for: ops for swap-outs, ops for swap-ins, and
+        re-run ops for the swap-ins they read."""
+        out = dict.fromkeys(("swap-out", "swap-in"), 0.0)
+        for p, seconds in self.stalls.items():
+            out[self.stall_causes.get(p, "swap-in")] += seconds
+        out["recompute input"] = sum(self.recompute_waits.values())
+        return out
+
     def end(self) -> list[float]:
-        """When each step's op ends, stalls included."""
+        """When each step's op ends, stalls and the re-run ops after earlier steps included."""
         shift, out = 0.0, []
+        last = len(self.timeline.base_end) - 1
         for p, e in enumerate(self.timeline.base_end):
             shift += self.stalls.get(p, 0.0)
             out.append(e + shift)
+            if p < last:
+                shift += self.recompute_waits.get(p, 0.0) + self.recomputed.get(p, 0.0)
         return out
 
 
@@ -112,13 +129,15 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
     extra = _recompute_steps(timeline, plan)
     streams = _Streams(link)
     cost, base_end = timeline.cost, timeline.base_end
-    shift, stalls = 0.0, {}
+    shift, stalls, causes, held = 0.0, {}, {}, {}
     marks: list[tuple[int, float]] = [(-1, 0.0)]  # (step, shift from that step on)
     for p in sorted({*outs, *ins, *waits, *extra}):
         start = base_end[p] - cost[p] + shift
-        ready = max((streams.arrived[w] for w in waits.get(p, ())), default=start)
+        ready, last = max(((streams.arrived[w], w[1]) for w in waits.get(p, ())),
+                          default=(start, 0))  # fmt: skip
         if ready > start:
             stalls[p] = ready - start
+            causes[p] = "swap-out" if last < 0 else "swap-in"
             shift += ready - start
             marks.append((p, shift))
         now = base_end[p] + shift
@@ -129,7 +148,9 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
         if p in extra and p + 1 < len(base_end):  # the re-run ops delay the next op
             seconds, sources = extra[p]
             ready = max((streams.arrived[s] for s in sources), default=now)
-            shift += max(ready - now, 0.0) + seconds  # waiting for swapped-in inputs first
+            if ready > now:  # waiting for swapped-in inputs first
+                held[p] = ready - now
+            shift += held.get(p, 0.0) + seconds
             marks.append((p + 1, shift))
     firsts = [base_end[max(step, 0)] + shift for step, shift in marks] if base_end else []
     released = {
@@ -137,7 +158,9 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
     }
     total = timeline.baseline_seconds + shift
     recomputed = {p: seconds for p, (seconds, _) in extra.items()}
-    return TimeResult(timeline, total, stalls, streams.transfers, released, recomputed)
+    return TimeResult(
+        timeline, total, stalls, streams.transfers, released, recomputed, causes, held
+    )
 
 
 def _recompute_steps(

@@ -74,6 +74,7 @@ def print_simulation(
             f"step time    {sim.step_seconds * 1e3:.2f} ms  (no swap "
             f"{sim.baseline_step_seconds * 1e3:.2f} ms, overhead {sim.overhead:.3f}x)"
         )
+    print_waits(sim.waits_seconds)
     if sim.time_bound_seconds is not None and sim.baseline_step_seconds:
         bound = sim.time_bound_seconds
         print(
@@ -147,6 +148,7 @@ def print_fit(
             f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
             f"{d['swapped_tensors']} tensors swapped{_recomputed(d)}"
         )
+        print_waits(d["waits_seconds"])
         _print_time_bound(d)
         _print_order_edges(tuple(map(tuple, d["order_edges"])), saved=edge_saving(d))
     _print_host(d)
@@ -175,6 +177,16 @@ def _recomputed(d: dict[str, Any]) -> str:
     seconds = d["recompute_seconds"]
     rerun = f" ({seconds * 1e3:.1f} ms re-run)" if seconds is not None else ""
     return f", {d['recomputed_tensors']} recomputed{rerun}"
+
+
+def print_waits(waits: dict[str, float] | None) -> None:
+    """What a plan's step waits for, where it waits at all (the time model's)."""
+    from autotune.report.plots import WAIT_ROWS
+
+    if not waits or not any(waits.values()):
+        return
+    parts = ", ".join(f"{WAIT_ROWS[k]} {v * 1e3:.1f} ms" for k, v in waits.items() if v)
+    print(f"stalls       {parts}")
 
 
 def _print_time_bound(d: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@ that returns the figure and never saves it (smoke-tested with the Agg backend).
 
 - memory timeline: device bytes over the schedule before and after the plan, with the budget,
   the lower bound and the swap marks; host bytes below;
-- time view: compute, the two copy streams and the stalls, before and after;
+- time view: compute, the ops a plan re-runs, the two copy streams and the waits by what they
+  wait for (swap-outs, swap-ins, re-runs waiting for swap-ins), before and after;
 - the search: Optuna's own optimization history, parameter importances and Pareto front;
 - largest batch: predicted peak against batch size, without swapping and with the tuned plan,
   and the tuned plan's overhead against the time bound;
@@ -113,13 +114,23 @@ def render_memory_timeline(data: MemoryTimeline, title: str = "Device memory") -
     return fig
 
 
+#: what the step waits for (`TimeResult.waits`), as the time view names its rows
+WAIT_ROWS = {
+    "swap-out": "waiting for swap-outs",
+    "swap-in": "waiting for swap-ins",
+    "recompute input": "re-runs waiting for swap-ins",
+}
+
+
 @dataclass(frozen=True)
 class TimeView:
-    """Busy intervals (start, length in seconds) of each stream, before and after the plan."""
+    """Busy intervals (start, length in seconds) of each stream, before and after the plan:
+    compute, the ops a plan re-runs, the waits by what they wait for (`WAIT_ROWS`), copies."""
 
     compute_before: list[tuple[float, float]]
     compute_after: list[tuple[float, float]]
-    stalls: list[tuple[float, float]]
+    rerun: list[tuple[float, float]]
+    waits: dict[str, list[tuple[float, float]]]
     d2h: list[tuple[float, float]]
     h2d: list[tuple[float, float]]
     step_before: float
@@ -131,31 +142,48 @@ def time_view(tuned: Evaluation) -> TimeView | None:
     t = tuned.result.time
     if t is None:
         return None
-    base = t.timeline.base_end
-    compute, stalls, start, shift = [], [], 0.0, 0.0
-    for p in sorted(t.stalls):
-        at = base[p] - t.timeline.cost[p] + shift  # where step p would start
+    base, cost = t.timeline.base_end, t.timeline.cost
+    # the moments the schedule stops: a stall before an op, a recompute after its trigger
+    pauses = sorted(
+        [(p, 0) for p in t.stalls] + [(p, 1) for p in t.recomputed if p + 1 < len(base)]
+    )
+    compute, rerun = [], []
+    waits: dict[str, list[tuple[float, float]]] = {k: [] for k in WAIT_ROWS}
+    start = shift = 0.0
+    for p, after in pauses:
+        at = base[p] - (0.0 if after else cost[p]) + shift
         compute.append((start, at - start))
-        stalls.append((at, t.stalls[p]))
-        shift += t.stalls[p]
-        start = at + t.stalls[p]
+        if after:
+            held, seconds = t.recompute_waits.get(p, 0.0), t.recomputed[p]
+            waits["recompute input"].append((at, held))
+            rerun.append((at + held, seconds))
+        else:
+            held, seconds = t.stalls[p], 0.0
+            waits[t.stall_causes.get(p, "swap-in")].append((at, held))
+        shift += held + seconds
+        start = at + held + seconds
     compute.append((start, t.step_seconds - start))
     d2h = [(tr.start, tr.end - tr.start) for tr in t.transfers if tr.direction == "d2h"]
     h2d = [(tr.start, tr.end - tr.start) for tr in t.transfers if tr.direction == "h2d"]
     before = [(0.0, t.baseline_seconds)]
-    return TimeView(before, compute, stalls, d2h, h2d, t.baseline_seconds, t.step_seconds)
+    return TimeView(before, compute, rerun, waits, d2h, h2d, t.baseline_seconds, t.step_seconds)
 
 
 def render_time_view(data: TimeView) -> Figure:
-    """Streams as horizontal bars (ms): compute before, then compute, copies and stalls after."""
+    """Streams as horizontal bars (ms): compute before, then compute, re-run ops, the waits
+    by what they wait for (each with its total) and the copies after."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
     ax = fig.subplots()
     rows: list[tuple[str, list[tuple[float, float]], str]] = [
         ("compute, no swapping", data.compute_before, "0.6"),
         ("compute, with the plan", data.compute_after, "C0"),
-        ("stalls", data.stalls, "C3"),
+        (_total("re-run ops (recompute)", data.rerun), data.rerun, "C2"),
+        *(
+            (_total(WAIT_ROWS[k], bars), bars, color)
+            for (k, bars), color in zip(data.waits.items(), ("C3", "C6", "C8"))
+        ),
         ("swap-out (device to host)", data.d2h, "C1"),
         ("swap-in (host to device)", data.h2d, "C4"),
     ]
@@ -171,6 +199,10 @@ def render_time_view(data: TimeView) -> Figure:
         f"{data.step_after * 1e3:.1f} ms with the plan{ratio}"
     )
     return fig
+
+
+def _total(label: str, bars: list[tuple[float, float]]) -> str:
+    return f"{label}: {sum(w for _, w in bars) * 1e3:.1f} ms"
 
 
 def render_search(study: Any) -> dict[str, Figure]:

@@ -153,7 +153,7 @@ def write_report(tuned: TuningResult, directory: Path) -> Path:
 
 TITLES = {
     "memory_timeline": "Memory over the step",
-    "time_view": "Compute, copies and stalls",
+    "time_view": "Compute, re-runs, copies and what the step waits for",
     "optimization_history": "Search: optimization history",
     "param_importances": "Search: parameter importances",
     "pareto_front": "Search: Pareto front of peak and time",

@@ -117,6 +117,12 @@ class TuningResult:
         return time.recompute_seconds if time else None
 
     @property
+    def waits_seconds(self) -> dict[str, float] | None:
+        """What the tuned step waits for per step, in seconds (`TimeResult.waits`)."""
+        time = self.evaluation.result.time
+        return time.waits() if time else None
+
+    @property
     def step(self) -> Any:
         """The tuned step (rewritten on first use), or the original when nothing is swapped."""
         if self._step is None:
@@ -200,6 +206,7 @@ class TuningResult:
             "recomputed_tensors": self.plan.recomputed_tensors,
             "recomputed_bytes": self.plan.recomputed_bytes,
             "recompute_seconds": self.recompute_seconds,
+            "waits_seconds": self.waits_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
             "peak_without_order_edges_bytes": self.unordered_peak_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,

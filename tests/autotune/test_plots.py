@@ -10,7 +10,8 @@ import pytest  # noqa: E402
 from autotune.report import plots  # noqa: E402
 from simulator import Link, get_preset  # noqa: E402
 from simulator.derive import PlanParams  # noqa: E402
-from simulator.engine import Engine  # noqa: E402
+from simulator.engine import Engine, Evaluation  # noqa: E402
+from simulator.plan import Recompute, Swap, SwapIn, SwapPlan  # noqa: E402
 from tests.simulator.builders import training_branches, training_chain  # noqa: E402
 
 
@@ -42,12 +43,40 @@ def test_time_view_streams_add_up_to_the_step(engine: Engine) -> None:
     data = plots.time_view(ev)
     assert data is not None and ev.result.time is not None
     busy = sum(w for _, w in data.compute_after)
-    stalled = sum(w for _, w in data.stalls)
+    waited = sum(w for bars in data.waits.values() for _, w in bars)
     assert busy == pytest.approx(ev.result.time.baseline_seconds)
-    assert busy + stalled == pytest.approx(ev.result.time.step_seconds)
+    assert busy + waited == pytest.approx(ev.result.time.step_seconds)
     assert len(data.d2h) == len(ev.plan.swaps)
     fig = plots.render_time_view(data)
     assert fig.axes[0].get_xlabel() == "time in the step (ms)"
+
+
+def test_time_view_shows_each_wait_by_what_it_waits_for(engine: Engine) -> None:
+    # ops take 1 s, a 1 KiB copy 3.5 s: f2 waits for f1's synchronized swap-out, b3 for f3's
+    # swap-in (triggered by f3, after its swap-out), f2's re-run after b3 for f1's swap-in
+    b = "gradient_tape/"
+    plan = SwapPlan(
+        swaps=(
+            Swap("f1:0", 1024, (SwapIn(b + "b3", (b + "b1",)),), sync=True),
+            Swap("f3:0", 1024, (SwapIn("f3", (b + "b3",)),)),
+        ),
+        recomputes=(Recompute("f2:0", 1024, ("f2",), b + "b3", (b + "b2",), (("f1:0", 0),)),),
+    )
+    result = engine.simulate(plan)
+    t = result.time
+    assert t is not None
+    data = plots.time_view(Evaluation(PlanParams(), plan, result, 0.0))
+    assert data is not None
+    totals = {k: sum(w for _, w in bars) for k, bars in data.waits.items()}
+    assert totals == pytest.approx(t.waits())
+    assert totals == pytest.approx({"swap-out": 3.5, "swap-in": 7.0, "recompute input": 3.5})
+    assert sum(w for _, w in data.rerun) == pytest.approx(t.recompute_seconds) == 1.0
+    busy = sum(w for _, w in data.compute_after)
+    assert busy == pytest.approx(t.baseline_seconds)
+    assert busy + 1.0 + sum(totals.values()) == pytest.approx(t.step_seconds)
+    assert t.end()[-1] == pytest.approx(t.step_seconds)
+    labels = [x.get_text() for x in plots.render_time_view(data).axes[0].get_yticklabels()]
+    assert "waiting for swap-ins: 7000.0 ms" in labels
 
 
 def test_batch_curve_grid_reaches_past_the_largest_batch(engine: Engine) -> None:
