@@ -3,11 +3,9 @@ like the step at any batch size."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.search.batching import BatchSearch
 from autotune.search.core import Budget, Outcome
@@ -20,7 +18,11 @@ from simulator.errors import UserError
 
 __all__ = ["BudgetError", "NoFitError", "TunedGraph", "TuningResult", "pareto_front"]
 
-_log = logging.getLogger("autotune")
+
+class Retunes(Protocol):
+    """Makes a tuned step at another batch (`autotune.search.tuning.Retuner`)."""
+
+    def step_at(self, batch: int, params: PlanParams) -> Any: ...
 
 
 class BudgetError(UserError):
@@ -55,8 +57,8 @@ class TuningResult:
     verification: Any = None
     #: the simulated peak of the tuned parameters without order edges (None when it has none)
     unordered_peak_bytes: int | None = None
-    recapture: Callable[[int], Captured] | None = field(default=None, repr=False)
-    tuning: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: what makes the tuned step at another batch (None: the result is for its batch only)
+    retuner: Retunes | None = field(default=None, repr=False)
     _step: Any = field(default=None, repr=False)
     _at: dict[int, Any] = field(default_factory=dict, repr=False)
 
@@ -143,7 +145,7 @@ class TuningResult:
             return self.step(*args)
         if self.captured.distributed is not None:  # distributed values: each replica's share
             args = tuple(self.captured.distributed.components(args))
-        inputs = conform(args, self.captured.specs, any_batch=self.recapture is not None)
+        inputs = conform(args, self.captured.specs, any_batch=self.retuner is not None)
         batch = batch_of(inputs)
         if batch is None or batch == self.batch_size:
             return self.step(*inputs)
@@ -153,37 +155,13 @@ class TuningResult:
         """The tuned step at `batch` (cached): the step captured there, with the plan the same
         parameters give there if it fits the budget, else the plan tuned there."""
         if batch not in self._at:
-            if self.recapture is None:
+            if self.retuner is None:
                 raise UserError(
                     f"this result was tuned at batch {self.batch_size} and cannot capture the "
                     f"step at batch {batch}"
                 )
-            self._at[batch] = self._derive(batch)
+            self._at[batch] = self.retuner.step_at(batch, self.params)
         return self._at[batch]
-
-    def _derive(self, batch: int) -> Any:
-        from autotune.search.tuning import _engine, tune_captured
-
-        assert self.recapture is not None
-        captured = self.recapture(batch)
-        engine = _engine(captured, self.device)
-        ev = engine.evaluate(self.params)
-        if not self.budget.admits(ev):
-            name = f"{self.tuning.get('name', 'step')}-at{batch}"
-            opts = {k: v for k, v in self.tuning.items() if k != "name"}
-            tuned = tune_captured(
-                captured, engine, self.budget, name=name, batch_size=batch, **opts
-            )
-            ev = tuned.check_fits().evaluation
-        _log.info(
-            "batch %d: plan %s, predicted peak %s",
-            batch,
-            ev.params.to_dict(),
-            _sized(ev.peak_bytes),
-        )
-        from autotune.run.verify import training_step
-
-        return training_step(captured, ev.plan, self.device)
 
     @property
     def graph_def(self) -> Any:

@@ -10,10 +10,11 @@ tunes there.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ __all__ = [
     "step_capturer",
     "tune_captured",
 ]
+
+_log = logging.getLogger("autotune")
 
 DEFAULT_DEVICE = "v100-16gb-nvlink2"
 DEFAULT_TRIALS = 50
@@ -239,10 +242,38 @@ def _fit_one_batch(
         objectives=objectives, batch_size=batch, progress=bars, recompute=recompute,
     )  # fmt: skip
     if batch is not None:
-        tuned.recapture = capture_at
-        tuned.tuning = {"trials": trials, "seed": seed, "storage": storage, "name": name,
-                        "recompute": recompute}  # fmt: skip
+        opts = {"trials": trials, "seed": seed, "storage": storage, "recompute": recompute}
+        tuned.retuner = Retuner(capture_at, preset, budget, name, opts)
     return tuned.check_fits()
+
+
+@dataclass(frozen=True)
+class Retuner:
+    """A tuned step at another batch: the step captured there, with the plan the parameters
+    tuned at the first batch give there if it fits the budget, else a plan tuned there (in a
+    study named after the first one's, with its options)."""
+
+    capture_at: Callable[[int | None], Captured]
+    device: DevicePreset
+    budget: Budget
+    name: str
+    opts: dict[str, Any]  # trials, seed, storage, recompute
+
+    def step_at(self, batch: int, params: PlanParams) -> Any:
+        captured = self.capture_at(batch)
+        engine = _engine(captured, self.device)
+        ev = engine.evaluate(params)
+        if not self.budget.admits(ev):
+            tuned = tune_captured(
+                captured, engine, self.budget, name=f"{self.name}-at{batch}", batch_size=batch,
+                **self.opts,
+            )  # fmt: skip
+            ev = tuned.check_fits().evaluation
+        _log.info("batch %d: plan %s, predicted peak %s", batch, ev.params.to_dict(),
+                  _sized(ev.peak_bytes))  # fmt: skip
+        from autotune.run.verify import training_step
+
+        return training_step(captured, ev.plan, self.device)
 
 
 def _check_options(trials: int, objectives: int, recompute: str) -> None:
@@ -369,6 +400,6 @@ def _fit_max_batch(
     tuned.batches = batches
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
-    tuned.recapture = capture_at
-    tuned.tuning = {k: opts[k] for k in ("trials", "seed", "storage", "recompute")} | {"name": name}
+    kept = {k: opts[k] for k in ("trials", "seed", "storage", "recompute")}
+    tuned.retuner = Retuner(capture_at, preset, budget, name, kept)
     return tuned.check_fits()
