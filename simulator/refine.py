@@ -187,6 +187,9 @@ def released(
     tried = sorted(keep, key=lambda t: (-engine.graph.tensors[t].nbytes, t))
     for name in tried[:GUARD_RELEASES]:
         planned = plan_of(engine, params, keep - {name}, finish.link, late)
+        made = planned.result  # its live peak and time tell a miss before the allocator's peak
+        if made is not None and not _may_win(made, params.recompute_limit, result):
+            continue
         got = finish(planned)
         if got.peak_bytes <= params.recompute_limit and _seconds(got) < _seconds(result):
             keep, plan, result = keep - {name}, planned.plan, got
@@ -201,6 +204,12 @@ class Finish:
 
     def __call__(self, planned: Planned) -> PlanResult:
         return self.engine.finish(planned, self.link, self.timed, self.allocator)
+
+
+def _may_win(made: PlanResult, limit: int, best: PlanResult) -> bool:
+    """Whether a plan derivation simulated may fit `limit` and beat `best`'s time: the
+    allocator's peak is never below the live one, and it does not change the time."""
+    return made.memory.live_peak_bytes <= limit and _seconds(made) < _seconds(best)
 
 
 def _seconds(result: PlanResult) -> float:
