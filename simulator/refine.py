@@ -164,7 +164,15 @@ def guarded(
             break
         keep |= blamed
         planned = plan_of(engine, params, keep, finish.link, late)
-        plan, result = planned.plan, finish(planned)
+        plan, made = planned.plan, planned.result
+        if (
+            made is not None
+            and made.memory.live_peak_bytes > params.recompute_limit
+            and (made.memory.live_peak_bytes >= best[2].peak_bytes)
+        ):  # its allocator's peak can neither fit nor be the lowest: not replayed
+            result = made
+        else:
+            result = finish(planned)
         if result.peak_bytes < best[2].peak_bytes:
             best = (keep, plan, result)
     if best[0] and best[2].time is not None and best[2].peak_bytes <= params.recompute_limit:
