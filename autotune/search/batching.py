@@ -58,6 +58,10 @@ METHODS = (
     "random search",
     "ours",
 )
+#: A probe of ours (does some plan fit this size?) runs its warm starts and then at most this
+#: many trials of the search: on the corpus every probe that fit did so among its warm starts
+#: or within 3 trials after them (docs/method.md, "Constants")
+PROBE_AFTER_STARTS = 10
 #: the methods that swap (the others fit less; sizes all methods fit are taken among these)
 SWAPPING = METHODS[2:]
 _WARM_STARTS = ("original defaults", "original auto-tuner")
@@ -219,9 +223,11 @@ def method_at(
         skip = first_fit and budget.admits(engine.evaluate(LEAST_MEMORY_ORDERED))
         starts = () if skip else warm_starts(engine, budget)
         study = in_memory_study("tpe", seed)
+        after = PROBE_AFTER_STARTS if first_fit else None
         return run_study(
-            engine, budget, study, trials, starts=starts, callbacks=callbacks, recompute=recompute
-        )
+            engine, budget, study, trials, starts=starts, callbacks=callbacks,
+            recompute=recompute, after_starts=after,
+        )  # fmt: skip
     raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 

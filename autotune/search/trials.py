@@ -125,21 +125,28 @@ def run_study(
     starts: tuple[PlanParams, ...] = (),
     callbacks: list[Any] | None = None,
     recompute: str = "search",
+    after_starts: int | None = None,
 ) -> Outcome:
     """Run `study` until it holds `trials` finished trials (resuming one that has some). A new
     study with `warm_start` first tries `Space.starts` and `starts` (e.g. what the original
-    auto-tuner chose), so it can only improve on them. `recompute` is as in `Space`."""
+    auto-tuner chose), so it can only improve on them. `recompute` is as in `Space`. With
+    `after_starts`, a new study stops that many trials after its warm starts (a probe that
+    only asks whether some plan fits, `stop_when_fits`, and none has)."""
     import optuna
     from optuna.study import MaxTrialsCallback
 
     start = time.perf_counter()
     complete = (optuna.trial.TrialState.COMPLETE,)
-    if warm_start and not study.trials:
+    fresh = not study.trials
+    if warm_start and fresh:
         space = Space.of(engine, recompute, budget.bytes)
         queued = {_key(p): p for p in (*space.starts(), *map(space.of_params, starts))}
         for params in list(queued.values())[:trials]:  # none left waiting past the budget
             study.enqueue_trial(params)
     left = trials - len(study.get_trials(deepcopy=False, states=complete))
+    if after_starts is not None and fresh:
+        waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+        left = min(left, len(waiting) + after_starts)
     refine = []
     if warm_start and objectives == 1:
         space = Space.of(engine, recompute, budget.bytes)

@@ -96,3 +96,17 @@ def test_a_host_limit_lowers_the_largest_batch_and_is_named_as_the_limit(
     assert ours.limit == "host memory"
     assert ours.outcome is not None and ours.outcome.best is not None
     assert ours.outcome.best.host_peak_bytes <= host
+
+
+def test_a_probe_where_nothing_fits_stops_soon_after_its_warm_starts(steps: StepFamily) -> None:
+    from autotune.search.batching import PROBE_AFTER_STARTS, method_at
+
+    engine = steps.engine(64)
+    budget = Budget(engine.lower_bound - 1, 1.0)  # under the lower bound: no plan fits
+    probe = method_at(steps, "ours", 64, budget, 40, 0, first_fit=True)
+    trials = probe.study.trials
+    queued = sum("fixed_params" in t.system_attrs for t in trials)
+    assert not probe.fits and queued > 0
+    assert len(trials) == queued + PROBE_AFTER_STARTS < 40
+    full = method_at(steps, "ours", 64, budget, 40, 0)
+    assert len(full.study.trials) == 40  # the whole search where the outcome is wanted
