@@ -182,7 +182,7 @@ def render_time_view(data: TimeView) -> Figure:
         (_total("re-run ops (recompute)", data.rerun), data.rerun, "C2"),
         *(
             (_total(WAIT_ROWS[k], bars), bars, color)
-            for (k, bars), color in zip(data.waits.items(), ("C3", "C6", "C8"))
+            for (k, bars), color in zip(data.waits.items(), ("#b2182b", "#f4a582", "#4d4d4d"))
         ),
         ("swap-out (device to host)", data.d2h, "C1"),
         ("swap-in (host to device)", data.h2d, "C4"),
