@@ -133,7 +133,7 @@ def calibrate(
     describe this GPU (found from the GPU's name where it names one)."""
     from autotune.calibration import resolve_device
     from autotune.run.calibrate import calibrate as _calibrate
-    from autotune.search.tuning import leading_dim, step_capturer
+    from autotune.search.steps import leading_dim, step_capturer
 
     at = step_capturer(step_or_model, example_args, loss, optimizer, batch_size, None)
     size = batch_size or leading_dim(example_args)

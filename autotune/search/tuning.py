@@ -37,6 +37,7 @@ from autotune.search.core import (
     run_study,
 )
 from autotune.search.result import BudgetError, NoFitError, TunedGraph, TuningResult
+from autotune.search.steps import leading_dim, model_name, step_capturer
 from autotune.search.studies import default_storage, open_study, study_name
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
@@ -52,9 +53,7 @@ __all__ = [
     "TunedGraph",
     "TuningResult",
     "fit",
-    "leading_dim",
     "resolve_host_memory",
-    "step_capturer",
     "tune_captured",
 ]
 
@@ -209,7 +208,7 @@ def fit(
     if max_batch:
         given = batch_size or leading_dim(example_args)
         return _fit_max_batch(capture_at, preset, budget, study, bars, batch_size=given, **opts)
-    return _fit_one_batch(capture_at, _model_name(named), preset, budget, study, bars, **opts)
+    return _fit_one_batch(capture_at, model_name(named), preset, budget, study, bars, **opts)
 
 
 def _fit_one_batch(
@@ -310,53 +309,6 @@ def _engine(captured: Captured, preset: DevicePreset) -> Engine:
     from autotune.api import build_engine
 
     return build_engine(captured, preset, "analytical")
-
-
-def _model_name(step_or_model: Any) -> str:
-    return str(getattr(step_or_model, "name", None) or getattr(step_or_model, "__name__", "step"))
-
-
-def step_capturer(
-    step: Any,
-    example_args: tuple[Any, ...],
-    loss: Any,
-    optimizer: Any,
-    batch_size: int | None,
-    input_shape: tuple[int, ...] | None,
-    distributed: Distributed | None = None,
-) -> Callable[[int | None], Captured]:
-    """capture(batch): the step captured at `batch` (None: as given)."""
-    from autotune.api import capture
-    from rewriter.capture import to_specs
-
-    def at(batch: int | None) -> Captured:
-        if batch is None:
-            kw = {"loss": loss, "optimizer": optimizer, "batch_size": batch_size}
-            return capture(
-                step, *example_args, **kw, input_shape=input_shape, distributed=distributed
-            )
-        if example_args:
-            specs = [_with_batch(s, batch) for s in to_specs(example_args)]
-            return capture(step, *specs, loss=loss, optimizer=optimizer, distributed=distributed)
-        return capture(step, loss=loss, optimizer=optimizer, batch_size=batch)
-
-    return at
-
-
-def leading_dim(example_args: tuple[Any, ...]) -> int | None:
-    """The batch size of example arguments or specs (their first dimension), if they give one."""
-    from rewriter.capture import to_specs
-
-    dims = [s.shape[0] for s in to_specs(example_args) if len(s.shape)] if example_args else []
-    return int(dims[0]) if dims and dims[0] is not None else None
-
-
-def _with_batch(spec: Any, batch: int) -> Any:
-    import tensorflow as tf
-
-    if not len(spec.shape):
-        raise UserError(f"argument {spec.name or ''} is a scalar: it has no batch dimension")
-    return tf.TensorSpec([batch, *spec.shape[1:]], spec.dtype, name=spec.name)
 
 
 def _fit_max_batch(
