@@ -305,9 +305,7 @@ class Engine:
         start = time.perf_counter()
         link = self.device.link if self.device and timed else None
         with paused_gc():
-            late = None
-            if params.backward_swaps and params.backward_limit:
-                late = late_swaps(self, params, frozenset(), link)
+            late = late_swaps(self, params, link)
             planned = plan_of(self, params, frozenset(), link, late)
             finish = Finish(self, link, timed, allocator)
             plan, result = planned.plan, finish(planned)

@@ -60,12 +60,10 @@ def plan_of(
     params: PlanParams,
     keep: frozenset[str],
     link: Link | None,
-    late: frozenset[str] | None = None,
+    late: frozenset[str] | None,
 ) -> Planned:
     """The plan of `params` (never recomputing `keep`; of the backward tensors, swapping
-    `late`, chosen by `late_swaps` when not given), with its order edges, prefetched."""
-    if late is None and params.backward_swaps and params.backward_limit:
-        late = late_swaps(engine, params, keep, link)
+    `late`, as `late_swaps` chose them), with its order edges, prefetched."""
     plan = derive_plan(engine.context, params, keep, late, engine.recompute_price)
     if engine.edges:
         plan = replace(plan, order_edges=engine.edges)
@@ -74,14 +72,15 @@ def plan_of(
     return Planned(plan)
 
 
-def late_swaps(
-    engine: Engine, params: PlanParams, keep: frozenset[str], link: Link | None
-) -> frozenset[str]:
-    """The backward pass's candidates live (from their producer to their last reader) at a
-    step where the plan of `params` without backward swaps passes `backward_limit` live
-    bytes: swapping them can lower those steps, swapping the others only costs time."""
-    planned = plan_of(engine, replace(params, backward_swaps=False), keep, link)
-    over = np.flatnonzero(live_bytes(engine, planned, link) > params.backward_limit)
+def late_swaps(engine: Engine, params: PlanParams, link: Link | None) -> frozenset[str] | None:
+    """With `backward_swaps` and a `backward_limit`, the backward pass's candidates live (from
+    their producer to their last reader) at a step where the plan of `params` without backward
+    swaps passes `backward_limit` live bytes: swapping them can lower those steps, swapping
+    the others only costs time. None otherwise (all backward candidates, if any, are swapped)."""
+    if not (params.backward_swaps and params.backward_limit):
+        return None
+    planned = plan_of(engine, replace(params, backward_swaps=False), frozenset(), link, None)
+    over = np.flatnonzero(live_bytes(engine, planned.plan, link) > params.backward_limit)
     graph, pos = engine.graph, engine.order.position
     out = set()
     for c in engine.context.candidates:
@@ -94,15 +93,9 @@ def late_swaps(
     return frozenset(out)
 
 
-def live_bytes(engine: Engine, planned: Planned | SwapPlan, link: Link | None) -> np.ndarray:
-    """The live device bytes at each step of a plan, timed with a `link` (from the simulation
-    derivation made of it, if any)."""
-    if isinstance(planned, SwapPlan):
-        planned = Planned(planned)
-    result = planned.result
-    if result is None:
-        result = engine.simulate_bare(planned.plan, link)
-    memory = result.memory
+def live_bytes(engine: Engine, plan: SwapPlan, link: Link | None) -> np.ndarray:
+    """The live device bytes at each step of `plan`, timed with a `link`."""
+    memory = engine.simulate_bare(plan, link).memory
     return memory.trace.live_by_step(len(engine.order.ops), memory.persistent_bytes)
 
 
