@@ -75,26 +75,38 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     defaults = PlanParams()
     for param in PARAMS:
         default = getattr(defaults, param.name)
-        if isinstance(default, bool):  # a flag sets the value its default is not
+        kind = _kind(param, default)
+        if kind == "flag":  # a flag sets the value its default is not
             g.add_argument(
                 param.option, dest=param.name, action="store_const", const=not default,
                 help=param.help,
             )  # fmt: skip
-        elif param.choices:
+        elif kind == "choice":
             g.add_argument(param.option, dest=param.name, choices=param.choices, help=param.help)
         else:
-            g.add_argument(param.option, dest=param.name, type=_parser(param, default),
+            g.add_argument(param.option, dest=param.name, type=_parser(param, kind),
                            help=_with_default(param, default))  # fmt: skip
 
 
-def _parser(param: Param, default: Any) -> Callable[[str], Any]:
-    """How the command line reads one parameter's value."""
+def _kind(param: Param, default: Any) -> str:
+    """How a parameter is given on the command line: a flag, a choice, a size, names, a share
+    or an integer (from its row and its default's type)."""
+    if isinstance(default, bool):
+        return "flag"
+    if param.choices:
+        return "choice"
     if param.size:
-        return size_arg
+        return "size"
     if isinstance(default, tuple):
-        return _names
-    if isinstance(default, float):
-        return _share
+        return "names"
+    return "share" if isinstance(default, float) else "int"
+
+
+def _parser(param: Param, kind: str) -> Callable[[str], Any]:
+    """How the command line reads one parameter's value."""
+    parsers: dict[str, Callable[[str], Any]] = {"size": size_arg, "names": _names, "share": _share}
+    if kind in parsers:
+        return parsers[kind]
     return _int_at_least(int(param.low if param.low is not None else -(2**63)))
 
 
@@ -111,22 +123,16 @@ def plan_flags_table() -> str:
     rows = ["| flag | default | searched by `fit` as | meaning |", "|---|---|---|---|"]
     for param in PARAMS:
         default = getattr(defaults, param.name)
-        flag = f"{param.option} {_metavar(param, default)}".strip()
+        flag = f"{param.option} {_metavar(param, _kind(param, default))}".strip()
         shown = _shown_default(param, default)
         rows.append(f"| `{flag}` | {shown} | {param.search or 'not searched'} | {param.help} |")
     return "\n".join(rows) + "\n"
 
 
-def _metavar(param: Param, default: Any) -> str:
-    if isinstance(default, bool):
-        return ""
-    if param.choices:
+def _metavar(param: Param, kind: str) -> str:
+    if kind == "choice":
         return "\\|".join(param.choices)
-    if param.size:
-        return "SIZE"
-    if isinstance(default, tuple):
-        return "NAME,..."
-    return "X" if isinstance(default, float) else "N"
+    return {"flag": "", "size": "SIZE", "names": "NAME,...", "share": "X"}.get(kind, "N")
 
 
 def _shown_default(param: Param, default: Any) -> str:
