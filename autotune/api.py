@@ -96,14 +96,7 @@ class Simulation:
     @property
     def recompute_seconds(self) -> float | None:
         """Compute time the plan's recomputes add per step (None without the time model)."""
-        time = self.evaluation.result.time
-        return time.recompute_seconds if time else None
-
-    @property
-    def waits_seconds(self) -> dict[str, float] | None:
-        """What the step waits for per step, in seconds (`TimeResult.waits`)."""
-        time = self.evaluation.result.time
-        return time.waits() if time else None
+        return self.evaluation.recompute_seconds
 
     def to_dict(self) -> dict[str, Any]:
         """The fields of `autotune simulate --json`."""
@@ -125,7 +118,7 @@ class Simulation:
             "recomputed_tensors": self.plan.recomputed_tensors,
             "recomputed_bytes": self.plan.recomputed_bytes,
             "recompute_seconds": self.recompute_seconds,
-            "waits_seconds": self.waits_seconds,
+            "waits_seconds": self.evaluation.waits_seconds,
             "time_bound_seconds": self.time_bound_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
             "params": self.evaluation.params.to_dict(),

@@ -79,6 +79,17 @@ class Evaluation:
     def overhead(self) -> float | None:
         return self.result.time.overhead if self.result.time else None
 
+    @property
+    def recompute_seconds(self) -> float | None:
+        """Compute time the plan's recomputes add per step (None without the time model)."""
+        return self.result.time.recompute_seconds if self.result.time else None
+
+    @property
+    def waits_seconds(self) -> dict[str, float] | None:
+        """What the step waits for, in seconds (`TimeResult.waits`; None without the time
+        model)."""
+        return self.result.time.waits() if self.result.time else None
+
 
 #: how many of plan derivation's simulations an engine keeps for reuse (`simulate_bare`)
 BARE_MEMO = 8

@@ -107,7 +107,7 @@ class TimeResult:
         out = dict.fromkeys(("swap-out", "swap-in"), 0.0)
         for p, seconds in self.stalls.items():
             out[self.stall_causes.get(p, "swap-in")] += seconds
-        out["recompute input"] = sum(self.recompute_waits.values())
+        out["recompute input"] = sum(self.recompute_waits.values(), 0.0)
         return out
 
     def end(self) -> list[float]:

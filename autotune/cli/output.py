@@ -74,7 +74,7 @@ def print_simulation(
             f"step time    {sim.step_seconds * 1e3:.2f} ms  (no swap "
             f"{sim.baseline_step_seconds * 1e3:.2f} ms, overhead {sim.overhead:.3f}x)"
         )
-    print_waits(sim.waits_seconds)
+    print_waits(sim.evaluation.waits_seconds)
     if sim.time_bound_seconds is not None and sim.baseline_step_seconds:
         bound = sim.time_bound_seconds
         print(

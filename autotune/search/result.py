@@ -115,14 +115,7 @@ class TuningResult:
     @property
     def recompute_seconds(self) -> float | None:
         """Compute time the plan's recomputes add per step (None without the time model)."""
-        time = self.evaluation.result.time
-        return time.recompute_seconds if time else None
-
-    @property
-    def waits_seconds(self) -> dict[str, float] | None:
-        """What the tuned step waits for per step, in seconds (`TimeResult.waits`)."""
-        time = self.evaluation.result.time
-        return time.waits() if time else None
+        return self.evaluation.recompute_seconds
 
     @property
     def step(self) -> Any:
@@ -184,7 +177,7 @@ class TuningResult:
             "recomputed_tensors": self.plan.recomputed_tensors,
             "recomputed_bytes": self.plan.recomputed_bytes,
             "recompute_seconds": self.recompute_seconds,
-            "waits_seconds": self.waits_seconds,
+            "waits_seconds": self.evaluation.waits_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
             "peak_without_order_edges_bytes": self.unordered_peak_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
