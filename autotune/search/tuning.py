@@ -241,8 +241,7 @@ def _fit_one_batch(
         objectives=objectives, batch_size=batch, progress=bars, recompute=recompute,
     )  # fmt: skip
     if batch is not None:
-        opts = {"trials": trials, "seed": seed, "storage": storage, "recompute": recompute}
-        tuned.retuner = Retuner(capture_at, preset, budget, name, opts)
+        tuned.retuner = Retuner(capture_at, preset, budget, name, trials, seed, storage, recompute)
     return tuned.check_fits()
 
 
@@ -256,7 +255,10 @@ class Retuner:
     device: DevicePreset
     budget: Budget
     name: str
-    opts: dict[str, Any]  # trials, seed, storage, recompute
+    trials: int
+    seed: int
+    storage: str
+    recompute: str
 
     def step_at(self, batch: int, params: PlanParams) -> Any:
         captured = self.capture_at(batch)
@@ -265,7 +267,7 @@ class Retuner:
         if not self.budget.admits(ev):
             tuned = tune_captured(
                 captured, engine, self.budget, name=f"{self.name}-at{batch}", batch_size=batch,
-                **self.opts,
+                trials=self.trials, seed=self.seed, storage=self.storage, recompute=self.recompute,
             )  # fmt: skip
             ev = tuned.check_fits().evaluation
         _log.info("batch %d: plan %s, predicted peak %s", batch, ev.params.to_dict(),
@@ -352,6 +354,7 @@ def _fit_max_batch(
     tuned.batches = batches
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
-    kept = {k: opts[k] for k in ("trials", "seed", "storage", "recompute")}
-    tuned.retuner = Retuner(capture_at, preset, budget, name, kept)
+    tuned.retuner = Retuner(
+        capture_at, preset, budget, name, trials, seed, opts["storage"], recompute
+    )
     return tuned.check_fits()
