@@ -138,8 +138,8 @@ def run_study(
     start = time.perf_counter()
     complete = (optuna.trial.TrialState.COMPLETE,)
     fresh = not study.trials
+    space = Space.of(engine, recompute, budget.bytes)
     if warm_start and fresh:
-        space = Space.of(engine, recompute, budget.bytes)
         queued = {_key(p): p for p in (*space.starts(), *map(space.of_params, starts))}
         for params in list(queued.values())[:trials]:  # none left waiting past the budget
             study.enqueue_trial(params)
@@ -149,7 +149,6 @@ def run_study(
         left = min(left, len(waiting) + after_starts)
     refine = []
     if warm_start and objectives == 1:
-        space = Space.of(engine, recompute, budget.bytes)
         refine = [Refine(space, int(trials * REFINE_AFTER), trials)]
     if left > 0:
         with quiet_optuna(), _trials_running():
