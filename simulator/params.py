@@ -11,10 +11,13 @@ from simulator.errors import UserError
 from simulator.timing import Link
 
 __all__ = [
+    "Draw",
     "LEAST_MEMORY",
     "PARAMS",
+    "PREFETCH_SHARES",
     "Param",
     "PlanParams",
+    "RECOMPUTE_HEAVY",
     "RECOMPUTE_MAX_OPS",
     "RECOMPUTE_MODES",
     "RecomputePrice",
@@ -25,15 +28,89 @@ __all__ = [
 RECOMPUTE_MAX_OPS = 8
 
 
+#: the shares of the transfer time a recompute chain through convolutions or matrix products
+#: may cost that the tuner tries (`PlanParams.recompute_heavy`)
+RECOMPUTE_HEAVY = (0.0, 0.25, 1.0)
+#: the range of the share of the budget prefetched swap-ins may fill that the tuner draws from
+#: (of the live bytes: the allocator's peak is higher by its fragmentation)
+PREFETCH_SHARES = (0.7, 1.0)
+
+#: What the ranges and conditions of `Draw` are called in docs/cli.md.
+RANGES = {
+    "levels": "the step's levels",
+    "candidates": "the forward candidates",
+    "fewest": "0 (1 if recomputes are off)",
+}
+CONDITIONS = {
+    "timed": "a device",
+    "searched": "`fit --recompute search` (the default)",
+    "recomputes": "recomputes not off",
+    "every": "every forward candidate",
+    "cheap": "--recompute cheap",
+}
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How the tuner draws one parameter (`autotune.search.space.Space` reads it).
+
+    `kind` is "int", "float" or "choice" (of `values`); "share" draws a share of the budget
+    (from `low` to `high`) and sets that many bytes; "budget" draws nothing and sets the
+    budget. `low` and `high` are numbers or a range of the graph (`RANGES`); `log` samples on
+    a log scale. `top` is the value drawing `high` stands for, `bottom` the value drawing `low`
+    stands for. `below` names a parameter drawn alike before this one: the two are sorted.
+    `when` lists what must hold for it to be drawn: a fact of the run (`CONDITIONS`) or a
+    parameter drawn true before it; `gate` is a yes/no the trial draws first, under that name.
+    `move` is how the pattern search steps it: "scale" (a few per cent), "double" (doubled,
+    then halved), "halve" (halved, then doubled), "one" (one up or down), "nudge" (0.05 up or
+    down), "flip" (the other of two) or "next" (the neighbouring value)."""
+
+    kind: str
+    low: float | str = 0
+    high: float | str = 0
+    log: bool = False
+    values: tuple[Any, ...] = (False, True)
+    top: int | None = None
+    bottom: int | None = None
+    below: str = ""
+    when: tuple[str, ...] = ()
+    gate: str = ""
+    move: str = ""
+
+    def describe(self) -> str:
+        """What docs/cli.md says of the draw."""
+        if self.kind == "budget":
+            what = "the budget"
+        elif self.kind == "choice":
+            shown = ", ".join(map(str, self.values))
+            what = "either" if len(self.values) == 2 else f"one of {shown}"
+        else:
+            low, high = (RANGES.get(str(x), f"{x:g}" if isinstance(x, float) else str(x))
+                         for x in (self.low, self.high))  # fmt: skip
+            what = f"{low} to {high}" + (", log" if self.log else "")
+            if self.kind == "share":
+                what = f"off, or {what} of the budget"
+        stand = (("highest", self.top), ("lowest", self.bottom))
+        ends = [f"the {r} stands for {v}" for r, v in stand if v is not None]
+        if self.below:
+            ends.append(f"sorted with {self.below}")
+        conds = [CONDITIONS.get(c, "--" + c.replace("_", "-")) for c in self.when]
+        return (
+            what
+            + (f" ({'; '.join(ends)})" if ends else "")
+            + (f", with {' and '.join(conds)}" if conds else "")
+        )
+
+
 @dataclass(frozen=True)
 class Param:
-    """One plan parameter's row of `PARAMS`: what validation, the command line and the docs
-    know of it (its type and default are `PlanParams`' field's).
+    """One plan parameter's row of `PARAMS`: what validation, the command line, the docs and
+    the tuner know of it (its type and default are `PlanParams`' field's).
 
     `low` is its least value (numbers), `choices` its values (strings), `size` says that it
     counts bytes (given as 14GiB on the command line), `flag` is its command-line option
-    when that is not `--name` (a flag that turns the default off), `search` how the tuner
-    draws it (`autotune.search.space`)."""
+    when that is not `--name` (a flag that turns the default off), `draw` how the tuner
+    draws it (None: it does not)."""
 
     name: str
     help: str
@@ -41,106 +118,72 @@ class Param:
     choices: tuple[str, ...] = ()
     size: bool = False
     flag: str = ""
-    search: str = ""
+    draw: Draw | None = None
 
     @property
     def option(self) -> str:
         return self.flag or "--" + self.name.replace("_", "-")
 
 
-_LEVELS = "1 to the step's levels, log"
+_BOOL = Draw("choice")
+_TRIGGERS = ("direct_order", "chain_rule")
+_RECOMPUTE_MODES = ("none", "cheap")
 
-#: Every plan parameter, the papers' first. What each means, in one line each.
+#: Every plan parameter, the papers' first, in the order the tuner draws them. What each
+#: means, in one line each.
 PARAMS: tuple[Param, ...] = (
     Param(
         "n_tensors",
         "tensors to swap: -1 all, 0 none",
         low=-1,
-        search="1 to all forward candidates (0 too where recomputes are searched)",
+        draw=Draw("int", "fewest", "candidates", top=-1, move="scale"),
     ),
     Param(
-        "lb", "swap in at least this many levels early", low=1, search=_LEVELS + ", with ub sorted"
+        "lb",
+        "swap in at least this many levels early",
+        low=1,
+        draw=Draw("int", 1, "levels", log=True),
     ),
     Param(
-        "ub", "swap in at most this many levels early", low=1, search=_LEVELS + ", with lb sorted"
+        "ub",
+        "swap in at most this many levels early",
+        low=1,
+        draw=Draw("int", 1, "levels", log=True, below="lb", move="double"),
     ),
     Param(
         "threshold",
         "swap only tensors read at least this many levels after they are made",
         low=1,
-        search=_LEVELS,
+        draw=Draw("int", 1, "levels", log=True, move="double"),
     ),
     Param(
         "groupby",
         "fuse swap-ins of one tensor whose readers lie within this many levels",
         low=0,
-        search="0 to the step's levels",
+        draw=Draw("int", 0, "levels", move="halve"),
     ),
     Param(
         "trigger",
         "how to find swap-in triggers",
-        choices=("direct_order", "chain_rule"),
-        search="either",
+        choices=_TRIGGERS,
+        draw=Draw("choice", values=_TRIGGERS),
     ),
     Param(
         "sync_out",
         "forward readers of a swapped tensor wait for its swap-out (original sync_mode 1)",
-        search="either",
+        draw=_BOOL,
     ),
     Param(
         "sync_lag",
         "with --sync-out, the first op this many levels after a swapped tensor's producer "
         "waits for its swap-out instead of its readers (0: the readers wait)",
         low=0,
-        search="with --sync-out: " + _LEVELS + " (1 stands for 0)",
+        draw=Draw("int", 1, "levels", log=True, bottom=0, when=("sync_out",), move="double"),
     ),
     Param(
         "serialize",
         "add order edges that keep the backward pass from holding large tensors at once",
-        search="either",
-    ),
-    Param(
-        "backward_swaps",
-        "with --n-tensors -1, also swap tensors the backward pass makes and first reads "
-        "at least --threshold levels later (weight gradients held for the optimizer)",
-        search="either, with every forward candidate",
-    ),
-    Param(
-        "backward_limit",
-        "with --backward-swaps, swap only the backward tensors live where the plan "
-        "without them passes this size, e.g. 14GiB (fit sets it to the budget)",
-        low=0,
-        size=True,
-        search="the budget, with --backward-swaps",
-    ),
-    Param(
-        "recompute",
-        "none: swap only; cheap: make every tensor a short chain of cheap element-wise "
-        "ops can make from tensors held anyway again in the backward pass, swap the rest",
-        choices=("none", "cheap"),
-        search="either (`fit --recompute search`, the default)",
-    ),
-    Param(
-        "recompute_ops",
-        "ops a recompute may re-run",
-        low=1,
-        search=f"with recomputes: 1 to {RECOMPUTE_MAX_OPS}",
-    ),
-    Param(
-        "recompute_limit",
-        "while the plan's simulated peak passes this size, swap instead the recomputes "
-        "whose chains hold bytes at the peak (fit sets it to the budget)",
-        low=0,
-        size=True,
-        search="the budget, with --recompute cheap",
-    ),
-    Param(
-        "recompute_heavy",
-        "with --recompute cheap and --device: chains may also re-run convolutions and "
-        "matrix products where they cost at most this share of the transfer time they save, "
-        "e.g. 1 (0: never)",
-        low=0,
-        search="with --recompute cheap and a device: one of a few shares",
+        draw=_BOOL,
     ),
     Param(
         "prefetch_bytes",
@@ -149,13 +192,56 @@ PARAMS: tuple[Param, ...] = (
         low=0,
         size=True,
         flag="--prefetch",
-        search="with a device: off, or a share of the budget",
+        draw=Draw("share", *PREFETCH_SHARES, when=("timed",), gate="prefetch", move="nudge"),
     ),
     Param(
         "postpone_waits",
         "with --prefetch and --sync-out: leave the waits for swap-outs where they are",
         flag="--no-postpone-waits",
-        search="either, with --prefetch and --sync-out",
+        draw=Draw("choice", when=("prefetch", "sync_out"), move="flip"),
+    ),
+    Param(
+        "recompute",
+        "none: swap only; cheap: make every tensor a short chain of cheap element-wise "
+        "ops can make from tensors held anyway again in the backward pass, swap the rest",
+        choices=_RECOMPUTE_MODES,
+        draw=Draw("choice", values=_RECOMPUTE_MODES, when=("searched",)),
+    ),
+    Param(
+        "recompute_ops",
+        "ops a recompute may re-run",
+        low=1,
+        draw=Draw("int", 1, RECOMPUTE_MAX_OPS, when=("recomputes",), move="one"),
+    ),
+    Param(
+        "recompute_limit",
+        "while the plan's simulated peak passes this size, swap instead the recomputes "
+        "whose chains hold bytes at the peak (fit sets it to the budget)",
+        low=0,
+        size=True,
+        draw=Draw("budget", when=("cheap",)),
+    ),
+    Param(
+        "recompute_heavy",
+        "with --recompute cheap and --device: chains may also re-run convolutions and "
+        "matrix products where they cost at most this share of the transfer time they save, "
+        "e.g. 1 (0: never)",
+        low=0,
+        draw=Draw("choice", values=RECOMPUTE_HEAVY, when=("cheap", "timed"), move="next"),
+    ),
+    Param(
+        "backward_swaps",
+        "with --n-tensors -1, also swap tensors the backward pass makes and first reads "
+        "at least --threshold levels later (weight gradients held for the optimizer)",
+        draw=Draw("choice", when=("every",), move="flip"),
+    ),
+    Param(
+        "backward_limit",
+        "with --backward-swaps, swap only the backward tensors live where the plan "
+        "without them passes this size, e.g. 14GiB (fit sets it to the budget)",
+        low=0,
+        size=True,
+        draw=Draw("budget", when=("backward_swaps",)),
     ),
     *(
         Param(f"{what}_{kind}", f"{what} producers of these {noun} (comma separated)")
@@ -241,8 +327,8 @@ def _check(param: Param, value: Any) -> None:
         raise UserError(f"{param.name} must be at least {param.low:g}, got {value}")
 
 
-TRIGGER_STRATEGIES = next(p.choices for p in PARAMS if p.name == "trigger")
-RECOMPUTE_MODES = next(p.choices for p in PARAMS if p.name == "recompute")
+TRIGGER_STRATEGIES = _TRIGGERS
+RECOMPUTE_MODES = _RECOMPUTE_MODES
 
 #: The corner that saves the most memory: every candidate, synchronized swap-outs, swap-ins
 #: just before their readers.

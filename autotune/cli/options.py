@@ -125,7 +125,8 @@ def plan_flags_table() -> str:
         default = getattr(defaults, param.name)
         flag = f"{param.option} {_metavar(param, _kind(param, default))}".strip()
         shown = _shown_default(param, default)
-        rows.append(f"| `{flag}` | {shown} | {param.search or 'not searched'} | {param.help} |")
+        drawn = param.draw.describe() if param.draw else "not searched"
+        rows.append(f"| `{flag}` | {shown} | {drawn} | {param.help} |")
     return "\n".join(rows) + "\n"
 
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from simulator.derive import (
-    LEAST_MEMORY,
-    RECOMPUTE_MAX_OPS,
-    RECOMPUTE_MODES,
-    TRIGGER_STRATEGIES,
-    PlanParams,
-)
 from simulator.engine import Engine
 from simulator.errors import UserError
+from simulator.params import (
+    LEAST_MEMORY,
+    PARAMS,
+    RECOMPUTE_HEAVY,
+    RECOMPUTE_MAX_OPS,
+    RECOMPUTE_MODES,
+    Draw,
+    PlanParams,
+)
 
 __all__ = [
     "LEAST_MEMORY_ORDERED",
@@ -33,16 +35,47 @@ LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True, backward_swaps=True
 RECOMPUTE_ONLY = PlanParams(
     n_tensors=0, recompute="cheap", recompute_ops=RECOMPUTE_MAX_OPS, recompute_heavy=1e6
 )
-#: The range of the share of the budget prefetched swap-ins may fill (of the live bytes: the
-#: allocator's peak is higher by its fragmentation)
-PREFETCH_SHARES = (0.7, 1.0)
 #: The last warm start lets the forward pass run this share of the levels ahead of the link
 SYNC_LAG_SHARE = 64
-#: The shares of the transfer time a chain through convolutions or matrix products may cost
-#: (`PlanParams.recompute_heavy`; 0: never), searched with cheap recomputes and a time model
-RECOMPUTE_HEAVY = (0.0, 0.25, 1.0)
 #: What a run lets the search do with recomputes: search whether (the default), or fix a mode.
 RECOMPUTE_CHOICES = ("search", *RECOMPUTE_MODES)
+#: The axes the pattern search steps along, in the order it queues their moves (it queues a
+#: few at a time: `autotune.search.trials.REFINE_BATCH`): the swapped tensors first
+MOVES = (
+    "n_tensors",
+    "ub",
+    "threshold",
+    "sync_lag",
+    "groupby",
+    "recompute_ops",
+    "prefetch_bytes",
+    "backward_swaps",
+    "postpone_waits",
+    "recompute_heavy",
+)
+#: The parameters the tuner draws, with how, in the order it draws them
+_DRAWN = tuple((p, p.draw) for p in PARAMS if p.draw is not None)
+_DRAWS = dict((p.name, d) for p, d in _DRAWN)
+
+
+def _key_of(name: str, draw: Draw) -> str:
+    """A parameter's name in a trial (a share of the budget is named after its gate)."""
+    return f"{draw.gate}_share" if draw.kind == "share" else name
+
+
+def _moves(draw: Draw, x: Any) -> list[Any]:
+    """The values one pattern-search step from `x` (before clamping to the range)."""
+    if draw.move == "scale":
+        return [round(x * f) for f in (0.8, 0.9, 0.97, 1.03)]
+    if draw.move in ("double", "halve"):
+        up, down = max(2 * x, 2), x // 2
+        return [up, down] if draw.move == "double" else [down, up]
+    if draw.move == "one":
+        return [x - 1, x + 1]
+    if draw.move == "nudge":
+        return [round(x - 0.05, 4), round(x + 0.05, 4)]
+    i = draw.values.index(x)  # "next"
+    return [draw.values[max(i - 1, 0)], draw.values[min(i + 1, len(draw.values) - 1)]]
 
 
 def check_recompute(recompute: str) -> str:
@@ -77,104 +110,91 @@ class Space:
         return cls(n, levels, recompute, budget_bytes if timed else 0, budget_bytes)
 
     def suggest(self, trial: Any) -> PlanParams:
-        """The parameters a trial proposes; `lb` and `ub` are sampled alike and sorted; no
-        swapped tensor (`n_tensors` 0) only when recomputes may free memory instead."""
-        n = trial.suggest_int("n_tensors", self._fewest(), self.candidates)
-        lb = trial.suggest_int("lb", 1, self.levels, log=True)
-        ub = trial.suggest_int("ub", 1, self.levels, log=True)
-        return PlanParams(
-            n_tensors=-1 if n == self.candidates else n,
-            lb=min(lb, ub),
-            ub=max(lb, ub),
-            threshold=trial.suggest_int("threshold", 1, self.levels, log=True),
-            groupby=trial.suggest_int("groupby", 0, self.levels),
-            trigger=trial.suggest_categorical("trigger", list(TRIGGER_STRATEGIES)),
-            **self._suggest_sync(trial),
-            serialize=trial.suggest_categorical("serialize", [False, True]),
-            **self._suggest_prefetch(trial),
-            **self._suggest_recompute(trial),
-            **self._suggest_backward(trial, n),
-        )
+        """The parameters a trial proposes, drawn as `PARAMS` says, in its order."""
+        drawn: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
+        for param, draw in _DRAWN:
+            if not self._holds(draw, drawn, trial.params):
+                continue
+            if draw.gate and not trial.suggest_categorical(draw.gate, [False, True]):
+                continue
+            value = self._draw(trial, param.name, draw)
+            drawn[param.name] = value
+            fields[param.name] = self._value(draw, value)
+            if draw.below and value < drawn[draw.below]:
+                fields[draw.below], fields[param.name] = value, drawn[draw.below]
+        if self.recompute != "search":
+            fields.setdefault("recompute", self.recompute)
+        return PlanParams(**fields)
 
-    def _suggest_backward(self, trial: Any, n: int) -> dict[str, Any]:
-        """Backward swaps only with every forward candidate, and then only of the tensors
-        live where the plan without them passes the budget (`PlanParams.backward_limit`)."""
-        if n < self.candidates or not trial.suggest_categorical("backward_swaps", [False, True]):
-            return {}
-        return {"backward_swaps": True, "backward_limit": self.limit_bytes}
+    def _draw(self, trial: Any, name: str, draw: Draw) -> Any:
+        """One trial parameter drawn (for a "budget" draw: nothing, the budget is taken)."""
+        if draw.kind == "budget":
+            return self.limit_bytes
+        if draw.kind == "choice":
+            return trial.suggest_categorical(name, list(draw.values))
+        low, high = self._range(draw)
+        if draw.kind == "int":
+            return trial.suggest_int(name, int(low), int(high), log=draw.log)
+        return trial.suggest_float(_key_of(name, draw), low, high, log=draw.log)
 
-    def _suggest_sync(self, trial: Any) -> dict[str, Any]:
-        """`sync_out` and, with it, its lag in levels (log-sampled; 1 stands for 0, the
-        readers' own wait, which is what a lag of one level nearly is)."""
-        if not trial.suggest_categorical("sync_out", [False, True]):
-            return {"sync_out": False}
-        lag = trial.suggest_int("sync_lag", 1, self.levels, log=True)
-        return {"sync_out": True, "sync_lag": lag if lag > 1 else 0}
+    def _value(self, draw: Draw, drawn: Any) -> Any:
+        """The plan's value for what a trial drew (its ends as they stand, a share in bytes)."""
+        low, high = self._range(draw)
+        if draw.top is not None and drawn == high:
+            return draw.top
+        if draw.bottom is not None and drawn == low:
+            return draw.bottom
+        if draw.kind == "share":
+            return int(self.budget_bytes * drawn)
+        return drawn
 
-    def _suggest_prefetch(self, trial: Any) -> dict[str, Any]:
-        """`prefetch_bytes` and, with `sync_out` (drawn before), `postpone_waits`: the later
-        frees may fragment the heap more than the live bytes it plans with can show."""
-        if not self.budget_bytes or not trial.suggest_categorical("prefetch", [False, True]):
-            return {}
-        share = trial.suggest_float("prefetch_share", PREFETCH_SHARES[0], PREFETCH_SHARES[1])
-        out: dict[str, Any] = {"prefetch_bytes": int(self.budget_bytes * share)}
-        if trial.params.get("sync_out"):
-            out["postpone_waits"] = trial.suggest_categorical("postpone_waits", [False, True])
-        return out
+    def _range(self, draw: Draw) -> tuple[float, float]:
+        ranges = {"levels": self.levels, "candidates": self.candidates, "fewest": self._fewest()}
+        low, high = (ranges[x] if isinstance(x, str) else x for x in (draw.low, draw.high))
+        return low, high
+
+    def _holds(self, draw: Draw, params: dict[str, Any], trial: dict[str, Any]) -> bool:
+        """Whether each of a draw's conditions holds, given what was drawn before it."""
+        facts = {
+            "timed": bool(self.budget_bytes),
+            "searched": self.recompute == "search",
+            "recomputes": self.recompute != "none",
+            "every": params.get("n_tensors") == self.candidates,
+            "cheap": params.get("recompute", self.recompute) == "cheap",
+        }
+        return all(facts[c] if c in facts else bool(trial.get(c)) for c in draw.when)
 
     def _fewest(self) -> int:
+        """The fewest tensors a trial swaps: none only where recomputes may free memory."""
         return 1 if self.recompute == "none" else 0
-
-    def _suggest_recompute(self, trial: Any) -> dict[str, Any]:
-        if self.recompute == "none":
-            return {}
-        mode = self.recompute
-        if mode == "search":
-            mode = trial.suggest_categorical("recompute", list(RECOMPUTE_MODES))
-        ops = trial.suggest_int("recompute_ops", 1, RECOMPUTE_MAX_OPS)
-        limit = self.limit_bytes if mode == "cheap" else 0
-        out = {"recompute": mode, "recompute_ops": ops, "recompute_limit": limit}
-        if mode == "cheap" and self.budget_bytes:
-            out["recompute_heavy"] = trial.suggest_categorical("recompute_heavy", RECOMPUTE_HEAVY)
-        return out
 
     def of_params(self, p: PlanParams) -> dict[str, Any]:
         """Trial parameters that give `p` (sizes clamped to this graph's ranges)."""
-        fewest = self._fewest()
-        n = self.candidates if p.n_tensors == -1 else min(max(p.n_tensors, fewest), self.candidates)
-        return {
-            "n_tensors": n,
-            "lb": min(p.lb, self.levels),
-            "ub": min(p.ub, self.levels),
-            "threshold": min(p.threshold, self.levels),
-            "groupby": min(p.groupby, self.levels),
-            "trigger": p.trigger,
-            "sync_out": p.sync_out,
-            **({"sync_lag": min(max(p.sync_lag, 1), self.levels)} if p.sync_out else {}),
-            "serialize": p.serialize,
-            "recompute": p.recompute if self.recompute == "search" else self.recompute,
-            "recompute_ops": min(p.recompute_ops, RECOMPUTE_MAX_OPS),
-            **self._heavy_params(p),
-            **self._prefetch_params(p),
-            **({"backward_swaps": p.backward_swaps} if n == self.candidates else {}),
-        }
+        out: dict[str, Any] = {}
+        for param, draw in _DRAWN:
+            if draw.kind == "budget" or not self._holds(draw, out, out):
+                continue
+            value = getattr(p, param.name)
+            if draw.gate:
+                out[draw.gate] = bool(value)
+                if not value:
+                    continue
+            out[_key_of(param.name, draw)] = self._trial_value(draw, value)
+        return out
 
-    def _heavy_params(self, p: PlanParams) -> dict[str, Any]:
-        """`recompute_heavy` as the nearest searched share, where the search draws it."""
-        mode = p.recompute if self.recompute == "search" else self.recompute
-        if not self.budget_bytes or mode != "cheap":
-            return {}
-        return {"recompute_heavy": min(RECOMPUTE_HEAVY, key=lambda x: abs(x - p.recompute_heavy))}
-
-    def _prefetch_params(self, p: PlanParams) -> dict[str, Any]:
-        if not self.budget_bytes:
-            return {}
-        if not p.prefetch_bytes:
-            return {"prefetch": False}
-        low, high = PREFETCH_SHARES
-        share = min(max(p.prefetch_bytes / self.budget_bytes, low), high)
-        postpone = {"postpone_waits": p.postpone_waits} if p.sync_out else {}
-        return {"prefetch": True, "prefetch_share": share, **postpone}
+    def _trial_value(self, draw: Draw, value: Any) -> Any:
+        """What a trial draws to give the plan's `value` (nearest within the range)."""
+        if draw.kind == "choice":
+            if isinstance(value, float):
+                return min(draw.values, key=lambda x: abs(x - value))
+            return value
+        low, high = self._range(draw)
+        if draw.top is not None and value == draw.top:
+            return high
+        if draw.kind == "share":
+            value = value / self.budget_bytes
+        return min(max(value, low), high)
 
     def least_memory(self) -> dict[str, Any]:
         """The corner that saves the most memory: every candidate, synchronized swap-outs,
@@ -227,49 +247,32 @@ class Space:
     def neighbours(
         self, params: dict[str, Any], swapped: int | None = None
     ) -> list[dict[str, Any]]:
-        """Trial parameters one step from `params` along one axis each: fewer or more swapped
-        tensors (counted from `swapped`, the tensors its plan swapped, when given: `n_tensors`
-        caps the swaps, and recomputes and the threshold leave fewer), a swap-in window,
-        fusion distance, threshold and forward lag halved or doubled, a recompute chain one op
-        shorter or longer, a prefetch share 0.05 apart, backward swaps on or off."""
+        """Trial parameters one step from `params` along one axis each (`Draw.move`), the axes
+        in MOVES' order: fewer or more swapped tensors (counted from `swapped`, the tensors its
+        plan swapped, when given: `n_tensors` caps the swaps, and recomputes and the threshold
+        leave fewer), a swap-in window, threshold, forward lag and fusion distance halved or
+        doubled, a recompute chain one op shorter or longer, a prefetch share 0.05 apart,
+        backward swaps and postponed waits on or off, the next heavy-recompute share."""
         out: list[dict[str, Any]] = []
-
-        def move(key: str, value: Any, low: Any, high: Any) -> None:
-            value = min(max(value, low), high)
-            if key in params and value != params[key]:
-                out.append({**params, key: value})
-
-        n, top = params.get("n_tensors", 0), self.candidates
-        n = n if swapped is None else min(n, swapped)
-        for factor in (0.8, 0.9, 0.97, 1.03):
-            move("n_tensors", round(n * factor), self._fewest(), top)
-        for key in ("ub", "threshold", "sync_lag"):
-            x = params.get(key, 1)
-            move(key, x * 2, 1, self.levels)
-            move(key, x // 2, 1, self.levels)
-        g = params.get("groupby", 0)
-        for x in (g // 2, max(2 * g, 2)):
-            move("groupby", x, 0, self.levels)
-        ops = params.get("recompute_ops", 1)
-        for x in (ops - 1, ops + 1):
-            move("recompute_ops", x, 1, RECOMPUTE_MAX_OPS)
-        share = params.get("prefetch_share", 0.0)
-        for x in (round(share - 0.05, 4), round(share + 0.05, 4)):
-            move("prefetch_share", x, *PREFETCH_SHARES)
-        for key in ("backward_swaps", "postpone_waits"):
-            if key in params:
+        for name in MOVES:
+            draw = _DRAWS[name]
+            key = _key_of(name, draw)
+            if key not in params:
+                continue
+            if draw.move == "flip":
                 out.append({**params, key: not params[key]})
-        if "recompute_heavy" in params:
-            i = RECOMPUTE_HEAVY.index(params["recompute_heavy"])
-            for j in (i - 1, i + 1):
-                move(
-                    "recompute_heavy",
-                    RECOMPUTE_HEAVY[min(max(j, 0), len(RECOMPUTE_HEAVY) - 1)],
-                    0.0,
-                    1.0,
-                )
-        if params.get("ub", 1) < params.get("lb", 1):  # ub halved under lb: lb follows
-            out = [{**q, "lb": min(q["lb"], q["ub"])} for q in out]
+                continue
+            x = params[key] if name != "n_tensors" or swapped is None else min(params[key], swapped)
+            low, high = self._range(draw)
+            for value in _moves(draw, x):
+                if draw.kind != "choice":
+                    value = min(max(value, low), high)
+                if value != params[key]:
+                    out.append({**params, key: value})
+        for param, draw in _DRAWN:  # drawn under its lower end (unsorted): that one follows
+            name = param.name
+            if draw.below and params.get(name, 1) < params.get(draw.below, 1):
+                out = [{**q, draw.below: min(q[draw.below], q[name])} for q in out]
         return [self._with_backward(q) for q in out]
 
     def _with_backward(self, params: dict[str, Any]) -> dict[str, Any]:

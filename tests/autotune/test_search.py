@@ -139,7 +139,14 @@ def test_a_fixed_recompute_mode_is_not_searched() -> None:
     searched = Space(20, 300).starts()
     assert [s["recompute"] for s in searched] == ["none", "none", "cheap", "cheap"]
     assert searched[-1]["n_tensors"] == 0  # recompute only
-    assert [s["recompute"] for s in Space(20, 300, "none").starts()] == ["none", "none"]
+    off = Space(20, 300, "none")
+    assert [off.suggest(optuna.trial.FixedTrial(s)).recompute for s in off.starts()] == [
+        "none",
+        "none",
+    ]
+    # what the run fixes is no trial parameter, and no neighbour moves what it does not draw
+    assert not any({"recompute", "recompute_ops"} & set(s) for s in off.starts())
+    assert all("recompute_ops" not in q for q in off.neighbours(off.starts()[1]))
     with pytest.raises(UserError, match="recompute must be one of"):
         Space(20, 300, "sometimes")
 
@@ -387,3 +394,21 @@ def test_tpe_alone_finds_a_fitting_plan_without_warm_starts(engine) -> None:  # 
         i for i, t in enumerate(out.study.trials) if max(t.user_attrs["constraint"]) <= 0
     )
     assert first_fit < 40
+
+
+def test_the_space_is_the_parameter_table() -> None:
+    from autotune.search.space import MOVES
+    from simulator.params import PARAMS
+
+    drawn = [p for p in PARAMS if p.draw is not None]
+    assert set(MOVES) == {p.name for p in drawn if p.draw and p.draw.move}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    space = Space(candidates=20, levels=300, budget_bytes=1 << 30, limit_bytes=1 << 30)
+    for _ in range(30):  # each drawn parameter is a trial's, with the table's range
+        trial = study.ask()
+        plan = space.suggest(trial)
+        for name, dist in trial.distributions.items():
+            if isinstance(dist, optuna.distributions.IntDistribution):
+                row = next(p for p in drawn if p.name == name)
+                assert dist.log == row.draw.log and dist.high in (300, 20, 8)  # type: ignore[union-attr]
+        assert plan == space.suggest(optuna.trial.FixedTrial(space.of_params(plan)))
