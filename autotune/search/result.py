@@ -1,28 +1,23 @@
-"""What `fit` returns: the tuned step and everything the tuning found (`TuningResult`), callable
-like the step at any batch size."""
+"""What `fit` returns: the record of a tuning (`TuningResult`): what was tuned, the plan and the
+figures, beside the tuned step it hands calls to (`autotune.search.tuned.TrainingStep`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from autotune.search.batching import BatchSearch
 from autotune.search.core import Budget, Outcome
+from autotune.search.tuned import TrainingStep
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
 from simulator import DevicePreset, SwapPlan
-from simulator.derive import PlanParams
 from simulator.engine import Evaluation
 from simulator.errors import UserError
+from simulator.params import PlanParams
 
 __all__ = ["BudgetError", "NoFitError", "TunedGraph", "TuningResult", "pareto_front"]
-
-
-class Retunes(Protocol):
-    """Makes a tuned step at another batch (`autotune.search.tuning.Retuner`)."""
-
-    def step_at(self, batch: int, params: PlanParams) -> Any: ...
 
 
 class BudgetError(UserError):
@@ -35,7 +30,8 @@ class NoFitError(UserError):
 
 @dataclass
 class TuningResult:
-    """The tuned step and everything the tuning found; call it like the original step."""
+    """What was tuned, the plan and the figures; call it like the original step (its
+    `training` step, which makes the step at another batch, runs the call)."""
 
     batch_size: int | None
     budget: Budget
@@ -47,7 +43,8 @@ class TuningResult:
     outcomes: dict[str, Outcome]
     tuning_seconds: float
     trace_seconds: float
-    captured: Captured | None = None
+    #: the tuned step at any batch (None: a result without a captured step)
+    training: TrainingStep | None = None
     time_bound_seconds: float | None = None
     batches: dict[str, BatchSearch] | None = None
     #: > 0 when the size searched was a volumetric model's cube edge (`batches` count edges,
@@ -57,10 +54,6 @@ class TuningResult:
     verification: Any = None
     #: the simulated peak of the tuned parameters without order edges (None when it has none)
     unordered_peak_bytes: int | None = None
-    #: what makes the tuned step at another batch (None: the result is for its batch only)
-    retuner: Retunes | None = field(default=None, repr=False)
-    _step: Any = field(default=None, repr=False)
-    _at: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
     def size_name(self) -> str:
@@ -118,49 +111,28 @@ class TuningResult:
         return self.evaluation.recompute_seconds
 
     @property
-    def step(self) -> Any:
-        """The tuned step (rewritten on first use), or the original when nothing is swapped."""
-        if self._step is None:
-            if self.captured is None:
-                raise UserError("this result holds no captured step to rewrite")
-            from autotune.run.verify import training_step
+    def captured(self) -> Captured | None:
+        """The step as captured at the tuned batch (None without one)."""
+        return self.training.captured if self.training else None
 
-            self._step = training_step(self.captured, self.plan, self.device)
-        return self._step
+    @property
+    def step(self) -> Any:
+        """The tuned step at the tuned batch (`TrainingStep.rewritten`)."""
+        return self._training().rewritten
 
     def __call__(self, *args: Any) -> Any:
-        """Run a training step. Arguments are converted losslessly to the step's dtypes (int64
-        labels to int32, float64 arrays to float32); at another batch size the plan is derived
-        there from the same parameters, or tuned there if it no longer fits (`at_batch`)."""
-        from rewriter.inputs import batch_of, conform
-
-        if self.captured is None:
-            return self.step(*args)
-        if self.captured.distributed is not None:  # distributed values: each replica's share
-            args = tuple(self.captured.distributed.components(args))
-        inputs = conform(args, self.captured.specs, any_batch=self.retuner is not None)
-        batch = batch_of(inputs)
-        if batch is None or batch == self.batch_size:
-            return self.step(*inputs)
-        return self.at_batch(batch)(*inputs)
-
-    def at_batch(self, batch: int) -> Any:
-        """The tuned step at `batch` (cached): the step captured there, with the plan the same
-        parameters give there if it fits the budget, else the plan tuned there."""
-        if batch not in self._at:
-            if self.retuner is None:
-                raise UserError(
-                    f"this result was tuned at batch {self.batch_size} and cannot capture the "
-                    f"step at batch {batch}"
-                )
-            self._at[batch] = self.retuner.step_at(batch, self.params)
-        return self._at[batch]
+        """Run a training step at any batch size (`TrainingStep`)."""
+        return self._training()(*args)
 
     @property
     def graph_def(self) -> Any:
         """The rewritten GraphDef (the original one when nothing is swapped)."""
-        step = self.step
-        return step.graph_def if hasattr(step, "graph_def") else step.graph.as_graph_def()
+        return self._training().graph_def
+
+    def _training(self) -> TrainingStep:
+        if self.training is None:
+            raise UserError("this result holds no captured step to rewrite")
+        return self.training
 
     def to_dict(self) -> dict[str, Any]:
         """The fields of `autotune fit --json` and of summary.json."""

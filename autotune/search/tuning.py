@@ -39,6 +39,7 @@ from autotune.search.core import (
 from autotune.search.result import BudgetError, NoFitError, TunedGraph, TuningResult
 from autotune.search.steps import leading_dim, model_name, step_capturer
 from autotune.search.studies import default_storage, open_study, study_name
+from autotune.search.tuned import TrainingStep
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
 from rewriter.replicas import Distributed
@@ -111,10 +112,11 @@ def tune_captured(
     unordered = None
     if best.plan.order_edges:  # what they save: the same parameters without them
         unordered = engine.evaluate(replace(best.params, serialize=False)).peak_bytes
+    device = engine.device or get_preset(DEFAULT_DEVICE)
     return TuningResult(
         batch_size,
         budget,
-        engine.device or get_preset(DEFAULT_DEVICE),
+        device,
         best,
         baseline,
         engine.lower_bound,
@@ -122,7 +124,7 @@ def tune_captured(
         outcomes,
         time.perf_counter() - start,
         captured.trace_seconds,
-        captured,
+        TrainingStep(captured, best.plan, best.params, device, batch_size),
         engine.time_bound(budget.bytes),
         unordered_peak_bytes=unordered,
     )
@@ -240,8 +242,10 @@ def _fit_one_batch(
         captured, engine, budget, trials=trials, seed=seed, storage=storage, name=name,
         objectives=objectives, batch_size=batch, progress=bars, recompute=recompute,
     )  # fmt: skip
-    if batch is not None:
-        tuned.retuner = Retuner(capture_at, preset, budget, name, trials, seed, storage, recompute)
+    if batch is not None and tuned.training is not None:
+        tuned.training.retuner = Retuner(
+            capture_at, preset, budget, name, trials, seed, storage, recompute
+        )
     return tuned.check_fits()
 
 
@@ -354,7 +358,8 @@ def _fit_max_batch(
     tuned.batches = batches
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
-    tuned.retuner = Retuner(
-        capture_at, preset, budget, name, trials, seed, opts["storage"], recompute
-    )
+    if tuned.training is not None:
+        tuned.training.retuner = Retuner(
+            capture_at, preset, budget, name, trials, seed, opts["storage"], recompute
+        )
     return tuned.check_fits()

@@ -172,8 +172,8 @@ def test_a_tuned_step_takes_any_batch_and_numpy_defaults(tmp_path) -> None:  # t
         assert np.array_equal(loss.numpy(), want.numpy()), batch
     for w, v in zip(ws, twin_ws, strict=True):
         assert np.array_equal(w.numpy(), v.numpy())
-    assert set(tuned._at) == {100}  # derived once, then cached
-    again = tuned.at_batch(100).plan  # the parameters give a plan there too
+    assert set(tuned.training._at) == {100}  # derived once, then cached
+    again = tuned.training.at_batch(100).plan  # the parameters give a plan there too
     assert again.swaps or again.recomputes
 
 
