@@ -26,43 +26,85 @@ reduced by what the candidates' rounding adds (`Engine.time_bound`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from simulator.graph import Graph, Op
-from simulator.heap import GRANULARITY, round_up
+import numpy as np
+
+from simulator.graph import Graph
+from simulator.heap import GRANULARITY
 from simulator.timing import Link
 
-__all__ = ["lower_bound_bytes", "time_bound_seconds"]
+__all__ = ["WorkingSets", "lower_bound_bytes", "time_bound_seconds"]
 
 
 def lower_bound_bytes(graph: Graph, *, granularity: int = GRANULARITY) -> int:
     """Resident bytes plus the largest working set (inputs, outputs, scratch) of any op."""
-    resident = sum(
-        round_up(t.nbytes, granularity) for t in graph.tensors.values() if t.kind.resident
-    )
-    best = 0
-    for op in graph.ops.values():
-        roots = {graph.buffer_root(n) for n in [*op.inputs, *op.outputs]}
-        need = sum(
-            round_up(graph.tensors[r].nbytes, granularity)
-            for r in roots
-            if graph.tensors[r].kind.on_device
+    sets = WorkingSets.of(graph)
+    return sets.bound(sets.sizes(graph), sets.scratch(graph), granularity)
+
+
+@dataclass(frozen=True)
+class WorkingSets:
+    """What `lower_bound_bytes` adds up, as index arrays over a graph's tensors and ops, so that
+    the bound of the same graph at other sizes (a batch family's) needs no graph built: per op
+    the buffers it needs on the device, and the output that may take over one of its inputs'
+    buffers where they are the same size (`Op.inplace`)."""
+
+    tensors: tuple[str, ...]
+    ops: tuple[str, ...]
+    resident: np.ndarray
+    #: (op, buffer) pairs: the buffers each op needs on the device
+    need_op: np.ndarray
+    need_buffer: np.ndarray
+    #: (op, output, input) triples: the output may take over the input's buffer
+    reuse_op: np.ndarray
+    reuse_out: np.ndarray
+    reuse_in: np.ndarray
+
+    @classmethod
+    def of(cls, graph: Graph) -> WorkingSets:
+        tensors = tuple(graph.tensors)
+        index = {n: i for i, n in enumerate(tensors)}
+        root = {n: graph.buffer_root(n) for n in tensors}
+        on_device = {n for n, t in graph.tensors.items() if t.kind.on_device}
+        pairs: list[tuple[int, int]] = []
+        triples: list[tuple[int, int, int]] = []
+        for k, op in enumerate(graph.ops.values()):
+            roots = {root[n] for n in [*op.inputs, *op.outputs]} & on_device
+            pairs += [(k, index[r]) for r in sorted(roots)]
+            out = op.outputs[0] if op.inplace and op.outputs else None
+            if out is not None and root[out] == out and out in on_device:
+                ins = {root[op.inputs[i]] for i in op.inplace} & on_device
+                triples += [(k, index[out], index[r]) for r in sorted(ins)]
+        resident = [index[n] for n, t in graph.tensors.items() if t.kind.resident]
+        pair, triple = np.array(pairs, np.int64), np.array(triples, np.int64)
+        return cls(
+            tensors,
+            tuple(graph.ops),
+            np.array(resident, np.int64),
+            *(pair.T if len(pairs) else np.zeros((2, 0), np.int64)),
+            *(triple.T if len(triples) else np.zeros((3, 0), np.int64)),
         )
-        need -= _reused_in_place(graph, op, granularity)
-        best = max(best, need + round_up(op.scratch, granularity))
-    return resident + best
 
+    def sizes(self, graph: Graph) -> np.ndarray:
+        """The bytes of each tensor of `graph` (this one, or one with its tensors)."""
+        return np.array([graph.tensors[n].nbytes for n in self.tensors], np.int64)
 
-def _reused_in_place(graph: Graph, op: Op, granularity: int) -> int:
-    """The bytes of `op`'s first output when it may take over an input buffer of its size."""
-    if not op.inplace or not op.outputs:
-        return 0
-    out = graph.tensors[op.outputs[0]]
-    if graph.buffer_root(out.name) != out.name or not out.kind.on_device:
-        return 0  # forwarded: counted once with its root already
-    size = round_up(out.nbytes, granularity)
-    inputs = (graph.tensors[graph.buffer_root(op.inputs[i])] for i in op.inplace)
-    sizes = (round_up(t.nbytes, granularity) for t in inputs if t.kind.on_device)
-    return size if size in sizes else 0
+    def scratch(self, graph: Graph) -> np.ndarray:
+        """The scratch bytes of each op of `graph`."""
+        return np.array([graph.ops[n].scratch for n in self.ops], np.int64)
+
+    def bound(self, sizes: np.ndarray, scratch: np.ndarray, granularity: int = GRANULARITY) -> int:
+        """`lower_bound_bytes` for tensors of `sizes` and ops of `scratch` bytes."""
+        g = granularity
+        rounded = (sizes + g - 1) // g * g
+        need = (scratch + g - 1) // g * g
+        np.add.at(need, self.need_op, rounded[self.need_buffer])
+        fits = rounded[self.reuse_out] == rounded[self.reuse_in]
+        reused = np.zeros(len(self.ops), np.int64)
+        np.maximum.at(reused, self.reuse_op[fits], rounded[self.reuse_out[fits]])
+        best = int(max(0, (need - reused).max(initial=0)))
+        return int(rounded[self.resident].sum()) + best
 
 
 def time_bound_seconds(

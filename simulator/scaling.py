@@ -11,9 +11,12 @@ refused because its gradient graph differs (some reduction indices are folded th
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
+from simulator.bounds import WorkingSets
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor
 
@@ -79,6 +82,22 @@ class BatchFamily:
             graph.add_op(_copy_op(op, scratch), [self._tensor(n, k) for n in op.outputs])
         graph.mark_outputs(list(self.base.outputs))
         return graph
+
+    def lower_bound(self, batch: int) -> int:
+        """`lower_bound_bytes` of the graph at `batch`, without building it."""
+        sets, (sizes, slopes), (scratch, per_sample) = self._bound_terms
+        k = batch - self.a
+        return sets.bound(sizes + k * slopes, scratch + k * per_sample)
+
+    @functools.cached_property
+    def _bound_terms(self) -> tuple[WorkingSets, tuple[Any, Any], tuple[Any, Any]]:
+        """The base graph's working sets, and its tensors' and ops' bytes with their slopes."""
+        import numpy as np
+
+        sets = WorkingSets.of(self.base)
+        slopes = np.array([self.slopes[n].nbytes for n in sets.tensors], np.int64)
+        per_sample = np.array([self.scratch.get(n, 0) for n in sets.ops], np.int64)
+        return sets, (sets.sizes(self.base), slopes), (sets.scratch(self.base), per_sample)
 
     def _tensor(self, name: str, k: int) -> Tensor:
         t, s = self.base.tensors[name], self.slopes[name]

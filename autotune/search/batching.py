@@ -31,7 +31,7 @@ from autotune.search.core import (
     stop_when_fits,
 )
 from rewriter.capture import Captured
-from simulator import DevicePreset, lower_bound_bytes
+from simulator import DevicePreset
 from simulator.derive import PlanParams
 from simulator.engine import Engine
 from simulator.errors import UserError
@@ -113,12 +113,16 @@ class StepFamily:
                 cost = affine_costs(self.costs[0], a, self.costs[1], b, batch)
             graph = self.family.at(batch)
             self._engines[batch] = Engine.build(
-                graph, device=self.device, cost=cost, shared=self._shared
+                graph,
+                device=self.device,
+                cost=cost,
+                shared=self._shared,
+                lower_bound=self.lower_bound(batch),
             )
         return self._engines[batch]
 
     def lower_bound(self, batch: int) -> int:
-        return lower_bound_bytes(self.family.at(batch))
+        return self.family.lower_bound(batch)
 
 
 class Steps(Protocol):

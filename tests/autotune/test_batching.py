@@ -2,7 +2,7 @@ import pytest
 
 from autotune.search.batching import METHODS, StepFamily, largest_batches, largest_possible
 from autotune.search.core import Budget
-from simulator import compile_program, get_preset, simulate_memory
+from simulator import compile_program, get_preset, lower_bound_bytes, simulate_memory
 from simulator.derive import PlanParams
 from simulator.scaling import BatchFamily
 
@@ -32,6 +32,7 @@ def test_two_captures_give_the_graph_of_a_third_exactly(model: str) -> None:
     got = simulate_memory(compile_program(scaled))
     want = simulate_memory(compile_program(real))
     assert got.peak_bytes == want.peak_bytes and got.trace.rows == want.trace.rows
+    assert family.lower_bound(7) == lower_bound_bytes(real)  # without building the graph
 
 
 @pytest.fixture(scope="module")

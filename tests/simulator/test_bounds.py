@@ -1,7 +1,9 @@
 import pytest
+from hypothesis import given, settings
 
-from simulator import Link
+from simulator import Graph, Link, lower_bound_bytes
 from simulator.bounds import time_bound_seconds
+from tests.simulator.builders import random_graphs
 
 LINK = Link(10.0, 10.0)  # 10 B/s each way: a swapped byte costs 0.1 s out and 0.1 s back
 
@@ -36,3 +38,29 @@ def test_recomputes_are_taken_cheapest_first() -> None:
     assert time_bound_seconds(0.5, 0.5, 10, LINK, [(12, 0.2)]) == pytest.approx(5 / 3)
     # tiers beyond `over` are never taken
     assert time_bound_seconds(0.0, 0.0, 2, LINK, [(100, 0.0)]) == 0.0
+
+
+def _bound_op_by_op(graph: Graph) -> int:
+    """lower_bound_bytes as a loop over the ops (how it was first written)."""
+    from simulator.heap import round_up
+
+    resident = sum(round_up(t.nbytes) for t in graph.tensors.values() if t.kind.resident)
+    best = 0
+    for op in graph.ops.values():
+        roots = {graph.buffer_root(n) for n in [*op.inputs, *op.outputs]}
+        need = sum(
+            round_up(graph.tensors[r].nbytes) for r in roots if graph.tensors[r].kind.on_device
+        )
+        out = graph.tensors[op.outputs[0]] if op.inplace and op.outputs else None
+        if out is not None and graph.buffer_root(out.name) == out.name and out.kind.on_device:
+            ins = [graph.tensors[graph.buffer_root(op.inputs[i])] for i in op.inplace]
+            if round_up(out.nbytes) in [round_up(t.nbytes) for t in ins if t.kind.on_device]:
+                need -= round_up(out.nbytes)
+        best = max(best, need + round_up(op.scratch))
+    return resident + best
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_graphs())
+def test_the_bound_from_index_arrays_is_the_op_by_op_bound(g: Graph) -> None:
+    assert lower_bound_bytes(g) == _bound_op_by_op(g)
