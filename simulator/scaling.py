@@ -74,13 +74,21 @@ class BatchFamily:
                 f"batch {batch} is outside the family (batch 1 differs); capture it directly"
             )
         k = batch - self.a
-        graph = Graph(self.base.name)
-        graph.functions = list(self.base.functions)
-        graph.rewritten = self.base.rewritten
-        for op in self.base.ops.values():
-            scratch = op.scratch + k * self.scratch.get(op.name, 0)
-            graph.add_op(_copy_op(op, scratch), [self._tensor(n, k) for n in op.outputs])
-        graph.mark_outputs(list(self.base.outputs))
+        base = self.base
+        graph = Graph(base.name)
+        graph.functions = list(base.functions)
+        graph.rewritten = base.rewritten
+        # the base graph is whole and checked: its tensors and edges are copied as they are (as
+        # `Graph.add_op` would link them), with every size moved along its slope; an op whose
+        # scratch does not change is shared (no stage changes a graph's ops)
+        for op in base.ops.values():
+            per_sample = self.scratch.get(op.name, 0)
+            same = not (k and per_sample) and op.cpu_scratch is None
+            graph.ops[op.name] = op if same else _copy_op(op, op.scratch + k * per_sample)
+        for name, t in base.tensors.items():
+            graph.tensors[name] = self._tensor(t, k)
+        graph.control_consumers = {n: list(c) for n, c in base.control_consumers.items()}
+        graph.mark_outputs(list(base.outputs))
         return graph
 
     def lower_bound(self, batch: int) -> int:
@@ -99,10 +107,11 @@ class BatchFamily:
         per_sample = np.array([self.scratch.get(n, 0) for n in sets.ops], np.int64)
         return sets, (sets.sizes(self.base), slopes), (sets.scratch(self.base), per_sample)
 
-    def _tensor(self, name: str, k: int) -> Tensor:
-        t, s = self.base.tensors[name], self.slopes[name]
+    def _tensor(self, t: Tensor, k: int) -> Tensor:
+        s = self.slopes[t.name]
         shape = tuple(d + k * ds for d, ds in zip(t.shape, s.shape))
-        return Tensor(name, t.dtype, shape, t.nbytes + k * s.nbytes, "", t.kind)
+        nbytes = t.nbytes + k * s.nbytes
+        return Tensor(t.name, t.dtype, shape, nbytes, t.producer, t.kind, list(t.consumers))
 
 
 def _copy_op(op: Op, scratch: int) -> Op:

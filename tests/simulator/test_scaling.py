@@ -14,7 +14,7 @@ def step_at(batch: int, *, extra: bool = False, handle: str = "w") -> Graph:
     h = add(g, "h", x + w, batch * 256 + 64)
     y = add(g, "y", h, batch * 16)
     gh = add(g, "gradient_tape/h", y + h, batch * 256 + 64)
-    gw = add(g, "gradient_tape/w", gh + x, 4096)
+    gw = add(g, "gradient_tape/w", gh + x, 4096, control=["y"])
     if extra:
         gw = add(g, "extra", gw, 4096)
     g.mark_outputs(gw)
@@ -33,6 +33,11 @@ def test_family_reproduces_every_size_at_other_batches(batch: int) -> None:
     assert sizes(g) == sizes(step_at(batch))
     assert list(g.ops) == list(step_at(batch).ops)
     assert g.outputs == step_at(batch).outputs
+    real = step_at(batch)  # linked as Graph.add_op links a graph built op by op
+    assert {n: (t.producer, t.consumers) for n, t in g.tensors.items()} == {
+        n: (t.producer, t.consumers) for n, t in real.tensors.items()
+    }
+    assert g.control_consumers == real.control_consumers == {"y": ["gradient_tape/w"]}
 
 
 def test_family_graph_simulates_like_the_real_one() -> None:
