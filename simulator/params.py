@@ -162,12 +162,8 @@ PARAMS: tuple[Param, ...] = (
         low=0,
         draw=Draw("int", 0, "levels", move="halve"),
     ),
-    Param(
-        "trigger",
-        "how to find swap-in triggers",
-        choices=_TRIGGERS,
-        draw=Draw("choice", values=_TRIGGERS),
-    ),
+    # not drawn: the tuner never chose chain_rule on the corpus (docs/method.md, "Search")
+    Param("trigger", "how to find swap-in triggers", choices=_TRIGGERS),
     Param(
         "sync_out",
         "forward readers of a swapped tensor wait for its swap-out (original sync_mode 1)",

@@ -59,7 +59,8 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     )  # fmt: skip
     p = space.suggest(trial)
     assert (p.n_tensors, p.lb, p.ub, p.threshold, p.groupby) == (-1, 7, 40, 3, 2)
-    assert p.trigger == "chain_rule" and p.sync_out and p.sync_lag == 9 and p.serialize
+    assert p.sync_out and p.sync_lag == 9 and p.serialize
+    assert p.trigger == "direct_order" and "trigger" not in space.of_params(p)  # not drawn
     assert (p.recompute, p.recompute_ops) == ("cheap", 3)
     assert space.of_params(p)["serialize"] is True and space.of_params(p)["sync_lag"] == 9
     assert space.least_memory()["serialize"] is True and space.defaults()["serialize"] is False
