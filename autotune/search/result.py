@@ -43,8 +43,8 @@ class TuningResult:
     outcomes: dict[str, Outcome]
     tuning_seconds: float
     trace_seconds: float
-    #: the tuned step at any batch (None: a result without a captured step)
-    training: TrainingStep | None = None
+    #: the tuned step at any batch
+    training: TrainingStep
     time_bound_seconds: float | None = None
     batches: dict[str, BatchSearch] | None = None
     #: > 0 when the size searched was a volumetric model's cube edge (`batches` count edges,
@@ -113,26 +113,21 @@ class TuningResult:
     @property
     def captured(self) -> Captured | None:
         """The step as captured at the tuned batch (None without one)."""
-        return self.training.captured if self.training else None
+        return self.training.captured
 
     @property
     def step(self) -> Any:
         """The tuned step at the tuned batch (`TrainingStep.rewritten`)."""
-        return self._training().rewritten
+        return self.training.rewritten
 
     def __call__(self, *args: Any) -> Any:
         """Run a training step at any batch size (`TrainingStep`)."""
-        return self._training()(*args)
+        return self.training(*args)
 
     @property
     def graph_def(self) -> Any:
         """The rewritten GraphDef (the original one when nothing is swapped)."""
-        return self._training().graph_def
-
-    def _training(self) -> TrainingStep:
-        if self.training is None:
-            raise UserError("this result holds no captured step to rewrite")
-        return self.training
+        return self.training.graph_def
 
     def to_dict(self) -> dict[str, Any]:
         """The fields of `autotune fit --json` and of summary.json."""

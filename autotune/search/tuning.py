@@ -242,7 +242,7 @@ def _fit_one_batch(
         captured, engine, budget, trials=trials, seed=seed, storage=storage, name=name,
         objectives=objectives, batch_size=batch, progress=bars, recompute=recompute,
     )  # fmt: skip
-    if batch is not None and tuned.training is not None:
+    if batch is not None:
         tuned.training.retuner = Retuner(
             capture_at, preset, budget, name, trials, seed, storage, recompute
         )
@@ -358,8 +358,7 @@ def _fit_max_batch(
     tuned.batches = batches
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
-    if tuned.training is not None:
-        tuned.training.retuner = Retuner(
-            capture_at, preset, budget, name, trials, seed, opts["storage"], recompute
-        )
+    tuned.training.retuner = Retuner(
+        capture_at, preset, budget, name, trials, seed, opts["storage"], recompute
+    )
     return tuned.check_fits()
