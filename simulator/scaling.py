@@ -80,11 +80,13 @@ class BatchFamily:
         graph.rewritten = base.rewritten
         # the base graph is whole and checked: its tensors and edges are copied as they are (as
         # `Graph.add_op` would link them), with every size moved along its slope; an op whose
-        # scratch does not change is shared (no stage changes a graph's ops)
+        # scratch does not change is shared (no stage changes a graph's ops). A CPU kernel's
+        # own scratch (`cpu_scratch`, measured at the captured batch) is not carried over.
         for op in base.ops.values():
             per_sample = self.scratch.get(op.name, 0)
             same = not (k and per_sample) and op.cpu_scratch is None
-            graph.ops[op.name] = op if same else _copy_op(op, op.scratch + k * per_sample)
+            scratch = op.scratch + k * per_sample
+            graph.ops[op.name] = op if same else replace(op, scratch=scratch, cpu_scratch=None)
         for name, t in base.tensors.items():
             graph.tensors[name] = self._tensor(t, k)
         graph.control_consumers = {n: list(c) for n, c in base.control_consumers.items()}
@@ -112,22 +114,6 @@ class BatchFamily:
         shape = tuple(d + k * ds for d, ds in zip(t.shape, s.shape))
         nbytes = t.nbytes + k * s.nbytes
         return Tensor(t.name, t.dtype, shape, nbytes, t.producer, t.kind, list(t.consumers))
-
-
-def _copy_op(op: Op, scratch: int) -> Op:
-    return Op(
-        op.name,
-        op.type,
-        list(op.inputs),
-        list(op.outputs),
-        list(op.control_inputs),
-        op.device,
-        dict(op.forwards),
-        op.inplace,
-        op.calls,
-        scratch,
-        assigns=op.assigns,
-    )
 
 
 def _uid_names(ga: Graph, gb: Graph) -> dict[str, str]:
