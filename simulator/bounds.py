@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.graph import Graph
-from simulator.heap import GRANULARITY
+from simulator.heap import GRANULARITY, round_up_all
 from simulator.timing import Link
 
 __all__ = ["WorkingSets", "lower_bound_bytes", "time_bound_seconds"]
@@ -96,9 +96,8 @@ class WorkingSets:
 
     def bound(self, sizes: np.ndarray, scratch: np.ndarray, granularity: int = GRANULARITY) -> int:
         """`lower_bound_bytes` for tensors of `sizes` and ops of `scratch` bytes."""
-        g = granularity
-        rounded = (sizes + g - 1) // g * g
-        need = (scratch + g - 1) // g * g
+        rounded = round_up_all(sizes, granularity)
+        need = round_up_all(scratch, granularity)
         np.add.at(need, self.need_op, rounded[self.need_buffer])
         fits = rounded[self.reuse_out] == rounded[self.reuse_in]
         reused = np.zeros(len(self.ops), np.int64)

@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+import numpy as np
+
 from simulator.trace import EventKind, Row
 
-__all__ = ["GRANULARITY", "Heap", "LiveBytes", "round_up"]
+__all__ = ["GRANULARITY", "Heap", "LiveBytes", "round_up", "round_up_all"]
 
 #: TensorFlow's BFC allocator rounds every allocation up to a multiple of 256 bytes
 #: (kMinAllocationSize in tensorflow/core/common_runtime/bfc_allocator.h).
@@ -30,6 +32,11 @@ _FREE = int(EventKind.FREE)
 def round_up(nbytes: int, granularity: int = GRANULARITY) -> int:
     """`nbytes` rounded up to a multiple of `granularity`; nothing for nothing."""
     return -(-nbytes // granularity) * granularity if nbytes > 0 else 0
+
+
+def round_up_all(nbytes: np.ndarray, granularity: int = GRANULARITY) -> np.ndarray:
+    """`round_up` of each of an array of byte counts."""
+    return np.maximum(-(-nbytes // granularity) * granularity, 0)
 
 
 class Heap(Protocol):
