@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.derive import PlanParams, derive_plan
+from simulator.derive import PlanParams, derive_plan, resolve_sources
 from simulator.graph import Graph
 from simulator.plan import SwapPlan
 from simulator.prefetch import postpone_waits, prefetch
@@ -64,12 +64,18 @@ def plan_of(
 ) -> Planned:
     """The plan of `params` (never recomputing `keep`; of the backward tensors, swapping
     `late`, as `late_swaps` chose them), with its order edges, prefetched."""
-    plan = derive_plan(engine.context, params, keep, late, engine.recompute_price)
-    if engine.edges:
-        plan = replace(plan, order_edges=engine.edges)
+    plan = derived(engine, params, keep, late)
     if params.prefetch_bytes and plan.swaps and link and engine.timeline:
         return prefetched(engine, plan, params.prefetch_bytes, link, params.postpone_waits)
     return Planned(plan)
+
+
+def derived(
+    engine: Engine, params: PlanParams, keep: frozenset[str], late: frozenset[str] | None
+) -> SwapPlan:
+    """The plan of `params` as derived, before prefetching, with the engine's order edges."""
+    plan = derive_plan(engine.context, params, keep, late, engine.recompute_price)
+    return replace(plan, order_edges=engine.edges) if engine.edges else plan
 
 
 def late_swaps(engine: Engine, params: PlanParams, link: Link | None) -> frozenset[str] | None:
@@ -184,17 +190,44 @@ def released(
 ) -> tuple[SwapPlan, PlanResult]:
     """The guard swaps all the recomputes at a peak at once, where fewer would do: recompute
     again each tensor it kept (at most `GUARD_RELEASES`, largest first) where the peak
-    stays within `recompute_limit` and the step gets shorter."""
+    stays within `recompute_limit` and the step gets shorter.
+
+    A try is one simulation: the plan derived without that tensor kept, its swaps that
+    derivation left as they were given the swap-ins `plan` was prefetched to
+    (`transplanted`). Where that gives the tensor back, the plan is also derived and
+    prefetched in full (`plan_of`), and taken if it is better."""
     tried = sorted(keep, key=lambda t: (-engine.graph.tensors[t].nbytes, t))
+    limit = params.recompute_limit
+    raw = derived(engine, params, keep, late)
     for name in tried[:GUARD_RELEASES]:
-        planned = plan_of(engine, params, keep - {name}, finish.link, late)
-        made = planned.result  # its live peak and time tell a miss before the allocator's peak
-        if made is not None and not _may_win(made, params.recompute_limit, result):
+        again = derived(engine, params, keep - {name}, late)
+        moved = transplanted(engine, again, raw, plan)
+        made = engine.simulate_bare(moved, finish.link)
+        if not _may_win(made, limit, result):  # the allocator's peak is not below the live one
             continue
-        got = finish(planned)
-        if got.peak_bytes <= params.recompute_limit and _seconds(got) < _seconds(result):
-            keep, plan, result = keep - {name}, planned.plan, got
+        got = finish(Planned(moved, made))
+        if got.peak_bytes <= limit and _seconds(got) < _seconds(result):
+            keep, raw, plan, result = keep - {name}, again, moved, got
+            if not params.prefetch_bytes:
+                continue
+            full = plan_of(engine, params, keep, finish.link, late)
+            got = finish(full)
+            if got.peak_bytes <= limit and _seconds(got) < _seconds(result):
+                plan, result = full.plan, got
     return plan, result
+
+
+def transplanted(engine: Engine, plan: SwapPlan, raw: SwapPlan, done: SwapPlan) -> SwapPlan:
+    """`plan` (as derived) with each swap that `raw` (derived for another set of kept
+    tensors) has as well taken as `done` (`raw` prefetched) has it."""
+    before = {s.tensor: s for s in raw.swaps}
+    after = {s.tensor: s for s in done.swaps}
+    swaps = tuple(
+        after[s.tensor] if before.get(s.tensor) == s and s.tensor in after else s
+        for s in plan.swaps
+    )
+    plan = replace(plan, swaps=swaps)
+    return resolve_sources(plan, engine.order.position) if plan.recomputes else plan
 
 
 class Finish:

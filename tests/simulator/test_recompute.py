@@ -1,6 +1,7 @@
 """Recompute: a tensor freed after its forward readers and made again for the backward pass."""
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -427,3 +428,40 @@ def test_a_chain_source_is_copied_before_the_copies_needed_after_the_chain() -> 
     copy = 4 * MIB / (1 << 30)
     extra = result.time.step_seconds - timeline.baseline_seconds
     assert extra == pytest.approx(2 * copy - 1e-3, rel=1e-6)
+
+
+def test_a_give_back_try_is_one_simulation_and_its_plan_is_valid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With prefetching, a give-back try keeps the swap-ins the guarded plan was prefetched to
+    and simulates once; only a try that gives the tensor back derives and prefetches again."""
+    from simulator import get_preset, refine
+    from simulator.engine import Engine
+
+    g = _raising_twice()
+    slow = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=1 << 30)
+    engine = Engine.build(g, device=slow, cost=dict.fromkeys(g.ops, 1e-3))
+    params = PlanParams(
+        ub=1, sync_out=True, recompute="cheap", recompute_limit=26 * MIB,
+        prefetch_bytes=24 * MIB + 256,
+    )  # fmt: skip
+    calls = {"tries": 0, "derived": 0}
+    real_released, real_plan_of = refine.released, refine.plan_of
+
+    def counted_released(*args: Any) -> Any:
+        calls["tries"] += min(len(args[2]), refine.GUARD_RELEASES)
+        monkeypatch.setattr(refine, "plan_of", counting_plan_of)
+        try:
+            return real_released(*args)
+        finally:
+            monkeypatch.setattr(refine, "plan_of", real_plan_of)
+
+    def counting_plan_of(*args: Any) -> Any:
+        calls["derived"] += 1
+        return real_plan_of(*args)
+
+    monkeypatch.setattr(refine, "released", counted_released)
+    guarded = engine.evaluate(params)
+    check_plan(g, engine.order, guarded.plan)
+    assert len(guarded.plan.recomputes) == 1 and guarded.peak_bytes <= params.recompute_limit
+    assert calls == {"tries": 2, "derived": 1}  # two tries, one tensor given back
