@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from autotune.search.aside import Aside
 from autotune.search.baselines import (
     largest,
     original_autotuner,
@@ -67,6 +68,8 @@ SWAPPING = METHODS[2:]
 _WARM_STARTS = ("original defaults", "original auto-tuner")
 #: the methods that run a study of trials
 _SEARCHES = ("random search", "ours")
+#: the method whose largest batch is searched in a worker process, beside the others
+ASIDE = "random search"
 
 
 @dataclass
@@ -123,6 +126,11 @@ class StepFamily:
 
     def lower_bound(self, batch: int) -> int:
         return self.family.lower_bound(batch)
+
+    def detached(self) -> StepFamily:
+        """This family without the engines it built, to send to another process (the order
+        edges found so far go with it)."""
+        return replace(self, _engines={}, _shared=dict(self._shared))
 
 
 class Steps(Protocol):
@@ -315,29 +323,67 @@ def largest_batches(
     """The largest batch of every method; the others search above the no-swap batch. The
     methods `tuned_later` (by the caller, at their batch) get no full outcome there.
     `on_expect(n)` is told how many more probes to expect (for a progress bar's total): at
-    most `max_probes` a method at first, then fewer by those a search did not need."""
+    most `max_probes` a method at first, then fewer by those a search did not need. The
+    `ASIDE` method is searched in a worker process meanwhile (`autotune.search.aside`)."""
     ceiling = largest_possible(steps, budget)
     bound = max_probes(2, ceiling)
     expect = on_expect or (lambda n: None)
     expect(bound * len({"no swapping", *methods}))
+    aside: list[Aside] = []
+    told = on_probe or (lambda method, batch: None)
+
+    def probed(method: str, batch: int) -> None:
+        for side in aside:
+            side.poll(told)
+        told(method, batch)
 
     def search(method: str, low: int) -> BatchSearch:
         found = largest_batch(
             steps, method, budget, trials=trials, seed=seed, low=low, high=ceiling,
-            on_probe=on_probe, full_outcome=method not in tuned_later, recompute=recompute,
+            on_probe=probed, full_outcome=method not in tuned_later, recompute=recompute,
         )  # fmt: skip
         expect(found.probes - bound)
         return found
 
     out = {"no swapping": search("no swapping", 2)}
     low = max(2, out["no swapping"].batch)
+    aside.extend(_aside(steps, methods, budget, trials, seed, low, ceiling, recompute, tuned_later))
     starts = _WARM_STARTS + (("recompute only",) if recompute == "search" else ())
-    for method in methods:
-        if method == "ours":
-            # warm-started with the original defaults, its auto-tuner's choice (and recompute
-            # only, when recomputes are searched), ours fits wherever they fit: its search
-            # starts at their largest batch
-            low = max([low, *(out[m].batch for m in starts if m in out)])
-        if method != "no swapping":
-            out[method] = search(method, low)
-    return out
+    try:
+        for method in methods:
+            if method == "ours":
+                # warm-started with the original defaults, its auto-tuner's choice (and
+                # recompute only, when recomputes are searched), ours fits wherever they fit:
+                # its search starts at their largest batch
+                low = max([low, *(out[m].batch for m in starts if m in out)])
+            if method != "no swapping" and not (aside and method == ASIDE):
+                out[method] = search(method, low)
+        for side in aside:
+            out[ASIDE] = side.result(told)
+            expect(out[ASIDE].probes - bound)
+    finally:
+        for side in aside:
+            side.stop()
+    return {m: out[m] for m in ("no swapping", *methods) if m in out}
+
+
+def _aside(
+    steps: Steps,
+    methods: tuple[str, ...],
+    budget: Budget,
+    trials: int,
+    seed: int,
+    low: int,
+    high: int,
+    recompute: str,
+    tuned_later: tuple[str, ...],
+) -> list[Aside]:
+    """The `ASIDE` method's search started in a worker process, where it is asked for and
+    the step is a `StepFamily` (see `autotune.search.aside`); none else."""
+    if ASIDE not in methods or not isinstance(steps, StepFamily):
+        return []
+    side = Aside.start(
+        steps, ASIDE, budget=budget, trials=trials, seed=seed, low=low, high=high,
+        full_outcome=ASIDE not in tuned_later, recompute=recompute,
+    )  # fmt: skip
+    return [side] if side is not None else []

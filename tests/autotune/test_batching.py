@@ -1,3 +1,6 @@
+import os
+from typing import Any
+
 import pytest
 
 from autotune.search.batching import METHODS, StepFamily, largest_batches, largest_possible
@@ -111,3 +114,53 @@ def test_a_probe_where_nothing_fits_stops_soon_after_its_warm_starts(steps: Step
     assert len(trials) == queued + PROBE_AFTER_STARTS < 40
     full = method_at(steps, "ours", 64, budget, 40, 0)
     assert len(full.study.trials) == 40  # the whole search where the outcome is wanted
+
+
+def test_random_search_beside_the_others_finds_what_it_finds_here(
+    steps: StepFamily, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random search's largest batch is searched in a worker process: the same batch, plan
+    and figures as searched in this one, and its probes reach the progress bar."""
+    from autotune.search import batching
+    from autotune.search.aside import Aside
+    from autotune.search.batching import largest_batch
+
+    class Watched(Aside):
+        workers: list[int] = []
+
+        @classmethod
+        def start(cls, *args: Any, **kwargs: Any) -> Aside | None:
+            side = super().start(*args, **kwargs)
+            Watched.workers.append(side.process.pid if side else 0)
+            return side
+
+    monkeypatch.setattr(batching, "Aside", Watched)
+    budget, probes = Budget(80 << 20, 0.95), []
+    found = largest_batches(
+        steps, budget, trials=6, seed=0, methods=("no swapping", "random search"),
+        on_probe=lambda method, batch: probes.append(method),
+    )  # fmt: skip
+    low, high = found["no swapping"].batch, largest_possible(steps, budget)
+    here = largest_batch(steps, "random search", budget, trials=6, seed=0, low=low, high=high)
+    aside = found["random search"]
+    assert aside.batch == here.batch > low and aside.probes == here.probes
+    assert aside.outcome is not None and here.outcome is not None
+    assert aside.outcome.best is not None and here.outcome.best is not None
+    assert aside.outcome.best.plan == here.outcome.best.plan
+    assert aside.outcome.best.peak_bytes == here.outcome.best.peak_bytes
+    assert probes.count("random search") == here.probes
+    assert len(Watched.workers) == 1 and Watched.workers[0] not in (0, os.getpid())
+
+
+def test_a_failure_beside_is_one_error_here(steps: StepFamily) -> None:
+    from autotune.search.aside import Aside
+    from simulator.errors import UserError
+
+    side = Aside.start(
+        steps, "no such method", budget=Budget(80 << 20), trials=2, seed=0, low=2, high=8
+    )
+    assert side is not None
+    with pytest.raises(
+        UserError, match="the search beside this one failed: UserError: unknown method"
+    ):
+        side.result(lambda method, batch: None)
