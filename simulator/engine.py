@@ -320,7 +320,7 @@ class Engine:
             planned = plan_of(self, params, frozenset(), link, late)
             finish = Finish(self, link, timed, allocator)
             plan, result = planned.plan, finish(planned)
-            if params.recompute_limit and plan.recomputes:
+            if params.limit and plan.recomputes:
                 plan, result = guarded(self, params, planned, result, late, finish)
         return Evaluation(params, plan, result, time.perf_counter() - start)
 

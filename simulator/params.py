@@ -47,6 +47,7 @@ CONDITIONS = {
     "recomputes": "recomputes not off",
     "every": "every forward candidate",
     "cheap": "--recompute cheap",
+    "aims": "--recompute cheap or --backward-swaps",
 }
 
 
@@ -210,14 +211,6 @@ PARAMS: tuple[Param, ...] = (
         draw=Draw("int", 1, RECOMPUTE_MAX_OPS, when=("recomputes",), move="one"),
     ),
     Param(
-        "recompute_limit",
-        "while the plan's simulated peak passes this size, swap instead the recomputes "
-        "whose chains hold bytes at the peak (fit sets it to the budget)",
-        low=0,
-        size=True,
-        draw=Draw("budget", when=("cheap",)),
-    ),
-    Param(
         "recompute_heavy",
         "with --recompute cheap and --device: chains may also re-run convolutions and "
         "matrix products where they cost at most this share of the transfer time they save, "
@@ -232,12 +225,14 @@ PARAMS: tuple[Param, ...] = (
         draw=Draw("choice", when=("every",), move="flip"),
     ),
     Param(
-        "backward_limit",
-        "with --backward-swaps, swap only the backward tensors live where the plan "
-        "without them passes this size, e.g. 14GiB (fit sets it to the budget)",
+        "limit",
+        "the size the plan aims under, e.g. 14GiB (fit sets it to the budget; 0: none): "
+        "while the plan's simulated peak passes it, the recomputes whose chains hold bytes "
+        "at the peak are swapped instead; with --backward-swaps only the backward tensors "
+        "live where the plan without them passes it are swapped",
         low=0,
         size=True,
-        draw=Draw("budget", when=("backward_swaps",)),
+        draw=Draw("budget", when=("aims",)),
     ),
     *(
         Param(f"{what}_{kind}", f"{what} producers of these {noun} (comma separated)")
@@ -276,10 +271,6 @@ class PlanParams:
     #: with `prefetch_bytes` and `sync_out`, first move the waits for forward swap-outs later,
     #: to where their copies should end (`simulator.prefetch.postpone_waits`)
     postpone_waits: bool = True
-    #: with recomputes, while the plan's simulated peak passes this many
-    #: bytes, the recomputes whose chains hold bytes at the peak are swapped instead, as long
-    #: as that lowers the peak (`simulator.refine`; 0: never)
-    recompute_limit: int = 0
     #: with `sync_out`, the first op at least this many levels after a swapped tensor's
     #: producer waits for its swap-out instead of its readers (0: the readers wait); the
     #: forward pass may then run ahead of the link by that many levels
@@ -289,9 +280,12 @@ class PlanParams:
     #: sum with the other branch's): they come after the forward candidates, so `n_tensors`
     #: reaches them last (ours; the original tool swapped forward tensors only)
     backward_swaps: bool = False
-    #: with `backward_swaps`, swap only the backward tensors live at a step where the plan
-    #: without them passes this many live bytes (`simulator.refine`; 0: all of them)
-    backward_limit: int = 0
+    #: the bytes the plan aims under (`simulator.refine`; 0: none): with recomputes, while the
+    #: plan's simulated peak passes it, the recomputes whose chains hold bytes at the peak are
+    #: swapped instead, as long as that lowers the peak; with `backward_swaps`, only the
+    #: backward tensors live at a step where the plan without them passes it in live bytes
+    #: are swapped (else all of them)
+    limit: int = 0
     #: with recomputes, also re-run convolutions and matrix products where the chain costs at
     #: most this many times the transfer time of its tensor, out and back (`RecomputePrice`;
     #: 0: never; on a link-bound step 1 trades them even, below 1 leaves room for overlap)
@@ -308,11 +302,22 @@ class PlanParams:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PlanParams:
-        """The parameters `to_dict` wrote (lists back to tuples)."""
+        """The parameters `to_dict` wrote (lists back to tuples). Plan files and studies
+        written before `limit` had its two halves, `recompute_limit` and `backward_limit`:
+        `fit` set each to the budget where it applied, so their larger is the limit."""
         fields: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in data.items()
+            if k not in _MERGED_INTO_LIMIT
         }
+        halves = [int(data[k]) for k in _MERGED_INTO_LIMIT if data.get(k)]
+        if halves and "limit" not in fields:
+            fields["limit"] = max(halves)
         return cls(**fields)
+
+
+#: the two parameters `PlanParams.limit` was, read from older plan files and studies
+_MERGED_INTO_LIMIT = ("recompute_limit", "backward_limit")
 
 
 def _check(param: Param, value: Any) -> None:

@@ -79,14 +79,14 @@ def derived(
 
 
 def late_swaps(engine: Engine, params: PlanParams, link: Link | None) -> frozenset[str] | None:
-    """With `backward_swaps` and a `backward_limit`, the backward pass's candidates live (from
-    their producer to their last reader) at a step where the plan of `params` without backward
-    swaps passes `backward_limit` live bytes: swapping them can lower those steps, swapping
+    """With `backward_swaps` and a `limit`, the backward pass's candidates live (from their
+    producer to their last reader) at a step where the plan of `params` without backward
+    swaps passes `limit` live bytes: swapping them can lower those steps, swapping
     the others only costs time. None otherwise (all backward candidates, if any, are swapped)."""
-    if not (params.backward_swaps and params.backward_limit):
+    if not (params.backward_swaps and params.limit):
         return None
     planned = plan_of(engine, replace(params, backward_swaps=False), frozenset(), link, None)
-    over = np.flatnonzero(live_bytes(engine, planned.plan, link) > params.backward_limit)
+    over = np.flatnonzero(live_bytes(engine, planned.plan, link) > params.limit)
     graph, pos = engine.graph, engine.order.position
     out = set()
     for c in engine.context.candidates:
@@ -146,7 +146,7 @@ def guarded(
     late: frozenset[str] | None,
     finish: Finish,
 ) -> tuple[SwapPlan, PlanResult]:
-    """While the peak passes `recompute_limit`, swap instead the recomputes whose chains
+    """While the peak passes the `limit`, swap instead the recomputes whose chains
     hold bytes at the peak (a chain's intermediates, or a source swap-in brought forward
     for it, can outweigh the tensor it makes), for at most `GUARD_ROUNDS` rounds: alike
     blocks peak alike, one after another, so the peak may first rise; the lowest peak
@@ -156,7 +156,7 @@ def guarded(
     plan = planned.plan
     best = (keep, plan, result)
     for _ in range(GUARD_ROUNDS):
-        if result.peak_bytes <= params.recompute_limit:
+        if result.peak_bytes <= params.limit:
             break
         blamed = _at_peak(engine.graph, plan, result) - keep
         if not blamed:
@@ -166,7 +166,7 @@ def guarded(
         plan, made = planned.plan, planned.result
         if (
             made is not None
-            and made.memory.live_peak_bytes > params.recompute_limit
+            and made.memory.live_peak_bytes > params.limit
             and (made.memory.live_peak_bytes >= best[2].peak_bytes)
         ):  # its allocator's peak can neither fit nor be the lowest: not replayed
             result = made
@@ -174,7 +174,7 @@ def guarded(
             result = finish(planned)
         if result.peak_bytes < best[2].peak_bytes:
             best = (keep, plan, result)
-    if best[0] and best[2].time is not None and best[2].peak_bytes <= params.recompute_limit:
+    if best[0] and best[2].time is not None and best[2].peak_bytes <= params.limit:
         return released(engine, params, *best, late, finish)
     return best[1], best[2]
 
@@ -190,14 +190,14 @@ def released(
 ) -> tuple[SwapPlan, PlanResult]:
     """The guard swaps all the recomputes at a peak at once, where fewer would do: recompute
     again each tensor it kept (at most `GUARD_RELEASES`, largest first) where the peak
-    stays within `recompute_limit` and the step gets shorter.
+    stays within the `limit` and the step gets shorter.
 
     A try is one simulation: the plan derived without that tensor kept, its swaps that
     derivation left as they were given the swap-ins `plan` was prefetched to
     (`transplanted`). Where that gives the tensor back, the plan is also derived and
     prefetched in full (`plan_of`), and taken if it is better."""
     tried = sorted(keep, key=lambda t: (-engine.graph.tensors[t].nbytes, t))
-    limit = params.recompute_limit
+    limit = params.limit
     raw = derived(engine, params, keep, late)
     for name in tried[:GUARD_RELEASES]:
         again = derived(engine, params, keep - {name}, late)

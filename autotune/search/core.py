@@ -8,7 +8,7 @@ order edges reorder the backward pass (`serialize`: not the original tool's, so 
 never use it; random search draws it from the same space), and, unless the run fixes it
 (`recompute`: "none" or "cheap" instead of the default "search"), whether cheap element-wise
 tensors are recomputed instead of swapped and how long their chains may be (the recomputes that
-hold bytes at a peak over the budget are then swapped instead, `PlanParams.recompute_limit`),
+hold bytes at a peak over the budget are then swapped instead, `PlanParams.limit`),
 and whether swap-ins
 are moved earlier where the memory has room (`prefetch`, with the share of the budget the live
 bytes may then reach, `simulator.prefetch`); the engine derives the plan and simulates it.

@@ -96,7 +96,7 @@ class Space:
     recompute: str = "search"
     #: the budget prefetching keeps the live bytes under a share of (0: no prefetch searched)
     budget_bytes: int = 0
-    #: the budget recompute plans are guarded at (`PlanParams.recompute_limit`; 0: never)
+    #: the budget plans aim under (`PlanParams.limit`; 0: none)
     limit_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -162,6 +162,8 @@ class Space:
             "recomputes": self.recompute != "none",
             "every": params.get("n_tensors") == self.candidates,
             "cheap": params.get("recompute", self.recompute) == "cheap",
+            "aims": params.get("recompute", self.recompute) == "cheap"
+            or bool(params.get("backward_swaps")),
         }
         return all(facts[c] if c in facts else bool(trial.get(c)) for c in draw.when)
 

@@ -71,8 +71,8 @@ def test_simulate_json_bounds_the_time_of_a_plan_that_fits() -> None:
     early = cli_json(*args, *plan, "--prefetch", "87MiB")
     assert early["params"]["prefetch_bytes"] == 87 << 20
     assert early["time_bound_seconds"] <= early["step_seconds"]
-    late = cli_json(*args, *plan, "--backward-swaps", "--backward-limit", "87MiB")
-    assert late["params"]["backward_swaps"] and late["params"]["backward_limit"] == 87 << 20
+    late = cli_json(*args, *plan, "--backward-swaps", "--limit", "87MiB")
+    assert late["params"]["backward_swaps"] and late["params"]["limit"] == 87 << 20
     assert late["peak_bytes"] <= DEFAULT_SAFETY_RATIO * (95 << 20)
     cheap = cli_json(*args, *plan, "--recompute", "cheap", "--recompute-ops", "8")
     heavy = cli_json(*args, *plan, "--recompute", "cheap", "--recompute-ops", "8",
@@ -309,11 +309,11 @@ def test_every_plan_parameter_is_an_option_read_into_its_field() -> None:
         options = sub.choices[command]._option_string_actions
         assert all(p.option in options for p in PARAMS), command
     given = "--prefetch 1GiB --no-postpone-waits --sync-out --include-types Relu,Conv2D"
-    given += " --recompute-heavy 0.5 --lb 2 --ub 3 --recompute cheap --backward-limit 2KiB"
+    given += " --recompute-heavy 0.5 --lb 2 --ub 3 --recompute cheap --limit 2KiB"
     args = parser.parse_args(["simulate", "--model", "m", "--batch-size", "2", *given.split()])
     assert plan_params(args) == PlanParams(
         prefetch_bytes=2**30, postpone_waits=False, sync_out=True, include_types=("Relu", "Conv2D"),
-        recompute_heavy=0.5, lb=2, ub=3, recompute="cheap", backward_limit=2048,
+        recompute_heavy=0.5, lb=2, ub=3, recompute="cheap", limit=2048,
     )  # fmt: skip
     bare = parser.parse_args(["simulate", "--model", "m", "--batch-size", "2"])
     assert plan_params(bare) is None

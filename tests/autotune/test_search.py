@@ -67,7 +67,9 @@ def test_space_sorts_lb_ub_and_maps_all_candidates_to_minus_one() -> None:
     assert not p.backward_swaps and space.of_params(p)["backward_swaps"] is False
     both = space.suggest(optuna.trial.FixedTrial({**trial.params, "backward_swaps": True}))
     assert both.backward_swaps and space.of_params(both)["backward_swaps"] is True
-    assert both.backward_limit == 1 << 30 and p.backward_limit == 0  # targeted at the budget
+    assert both.limit == p.limit == 1 << 30  # the budget, where it applies
+    alone = space.suggest(optuna.trial.FixedTrial({**trial.params, "recompute": "none"}))
+    assert alone.limit == 0 and not alone.backward_swaps
     timed = Space(candidates=20, levels=300, budget_bytes=1 << 30)
     fixed = {**trial.params, "prefetch": True, "prefetch_share": 0.9, "postpone_waits": False,
              "recompute_heavy": 0.25}  # fmt: skip

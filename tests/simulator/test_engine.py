@@ -106,7 +106,7 @@ def test_serialize_drops_deferral_edges_that_raise_the_peak() -> None:
     assert serial.peak_bytes == engine.evaluate(PlanParams(n_tensors=0)).peak_bytes
 
 
-def test_backward_limit_swaps_only_the_backward_tensors_live_where_the_plan_passes_it() -> None:
+def test_the_limit_swaps_only_the_backward_tensors_live_where_the_plan_passes_it() -> None:
     engine = Engine.build(held_gradient())
     jit = PlanParams(ub=1, sync_out=True)
     without = engine.evaluate(jit)
@@ -116,7 +116,7 @@ def test_backward_limit_swaps_only_the_backward_tensors_live_where_the_plan_pass
     held = int(live[pos["gradient_tape/gw"] : pos["sgd/update"] + 1].max())
 
     def swapped(limit: int) -> set[str]:
-        p = replace(jit, backward_swaps=True, backward_limit=limit)
+        p = replace(jit, backward_swaps=True, limit=limit)
         return {s.tensor for s in engine.evaluate(p).plan.swaps}
 
     forward = {s.tensor for s in without.plan.swaps}

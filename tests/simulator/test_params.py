@@ -39,3 +39,17 @@ def test_lb_above_ub_is_refused() -> None:
     PlanParams(lb=3, ub=3)
     with pytest.raises(UserError, match="lb <= ub"):
         PlanParams(lb=4, ub=3)
+
+
+def test_older_plan_files_limits_are_read_as_the_one_limit() -> None:
+    """Plan files and studies from before `limit` name its two halves; `fit` set each to the
+    budget where it applied, so either read alone, or both, give that budget."""
+    budget = 15 << 30
+    fresh = PlanParams(recompute="cheap", backward_swaps=True, limit=budget)
+    assert PlanParams.from_dict(fresh.to_dict()) == fresh
+    old = {k: v for k, v in fresh.to_dict().items() if k != "limit"}
+    for halves in ({"recompute_limit": budget, "backward_limit": 0},
+                   {"recompute_limit": 0, "backward_limit": budget},
+                   {"recompute_limit": budget, "backward_limit": budget}):  # fmt: skip
+        assert PlanParams.from_dict({**old, **halves}) == fresh
+    assert PlanParams.from_dict({**old, "recompute_limit": 0}).limit == 0

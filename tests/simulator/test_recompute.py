@@ -194,11 +194,11 @@ def test_the_guard_swaps_a_recompute_that_raises_the_peak_instead() -> None:
     plain = engine.evaluate(params, timed=False)
     assert [(r.tensor, r.sources) for r in plain.plan.recomputes] == [("relu:0", (("a:0", 0),))]
     assert plain.peak_bytes == 20 * MIB + 256  # the allocator's peak, which the guard compares
-    guarded = engine.evaluate(replace(params, recompute_limit=16 * MIB), timed=False)
+    guarded = engine.evaluate(replace(params, limit=16 * MIB), timed=False)
     assert not guarded.plan.recomputes
     assert [s.tensor for s in guarded.plan.swaps] == ["a:0", "relu:0"]
     assert guarded.peak_bytes == 16 * MIB + 256
-    roomy = engine.evaluate(replace(params, recompute_limit=20 * MIB + 256), timed=False)
+    roomy = engine.evaluate(replace(params, limit=20 * MIB + 256), timed=False)
     assert (roomy.plan.swaps, roomy.plan.recomputes) == (plain.plan.swaps, plain.plan.recomputes)
 
 
@@ -227,18 +227,18 @@ def test_the_guard_gives_back_the_recomputes_it_did_not_need() -> None:
     g = _raising_twice()
     slow = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=1 << 30)
     engine = Engine.build(g, device=slow, cost=dict.fromkeys(g.ops, 1e-3))
-    params = PlanParams(ub=1, sync_out=True, recompute="cheap", recompute_limit=24 * MIB + 256)
-    plain = engine.evaluate(replace(params, recompute_limit=0))
-    assert len(plain.plan.recomputes) == 2 and plain.peak_bytes > params.recompute_limit
+    params = PlanParams(ub=1, sync_out=True, recompute="cheap", limit=24 * MIB + 256)
+    plain = engine.evaluate(replace(params, limit=0))
+    assert len(plain.plan.recomputes) == 2 and plain.peak_bytes > params.limit
     # without a time model nothing says a recompute is worth its bytes: both are swapped
     untimed = engine.evaluate(params, timed=False)
-    swapped = engine.evaluate(replace(params, recompute_limit=1))
+    swapped = engine.evaluate(replace(params, limit=1))
     assert not untimed.plan.recomputes and not swapped.plan.recomputes
     # with one: one recompute is given back, within the limit and faster than both swapped
     guarded = engine.evaluate(params)
     check_plan(g, engine.order, guarded.plan)
     assert len(guarded.plan.recomputes) == 1
-    assert untimed.peak_bytes < guarded.peak_bytes <= params.recompute_limit
+    assert untimed.peak_bytes < guarded.peak_bytes <= params.limit
     assert guarded.step_seconds is not None and swapped.step_seconds is not None
     assert guarded.step_seconds < swapped.step_seconds
 
@@ -442,7 +442,7 @@ def test_a_give_back_try_is_one_simulation_and_its_plan_is_valid(
     slow = get_preset("v100-16gb-nvlink2").with_overrides(link_bytes_per_s=1 << 30)
     engine = Engine.build(g, device=slow, cost=dict.fromkeys(g.ops, 1e-3))
     params = PlanParams(
-        ub=1, sync_out=True, recompute="cheap", recompute_limit=26 * MIB,
+        ub=1, sync_out=True, recompute="cheap", limit=26 * MIB,
         prefetch_bytes=24 * MIB + 256,
     )  # fmt: skip
     calls = {"tries": 0, "derived": 0}
@@ -463,5 +463,5 @@ def test_a_give_back_try_is_one_simulation_and_its_plan_is_valid(
     monkeypatch.setattr(refine, "released", counted_released)
     guarded = engine.evaluate(params)
     check_plan(g, engine.order, guarded.plan)
-    assert len(guarded.plan.recomputes) == 1 and guarded.peak_bytes <= params.recompute_limit
+    assert len(guarded.plan.recomputes) == 1 and guarded.peak_bytes <= params.limit
     assert calls == {"tries": 2, "derived": 1}  # two tries, one tensor given back

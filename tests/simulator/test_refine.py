@@ -26,9 +26,9 @@ def test_an_evaluation_reports_the_simulation_of_the_plan_it_returns(
     g: Graph, p: PlanParams, bw: float, limit: int, late: bool
 ) -> None:
     engine = _engine(g, bw)
-    p = replace(p, prefetch_bytes=limit, recompute_limit=limit)
+    p = replace(p, prefetch_bytes=limit, limit=limit)
     if late:
-        p = replace(p, n_tensors=-1, backward_swaps=True, backward_limit=limit)
+        p = replace(p, n_tensors=-1, backward_swaps=True, limit=limit)
     ev = engine.evaluate(p)
     fresh = engine.simulate(ev.plan)
     assert ev.result.peak_bytes == fresh.peak_bytes
@@ -65,7 +65,7 @@ def test_rounds_of_prefetching_report_the_last_rounds_plan() -> None:
     engine = _engine(held_gradient(), 1000.0)
     jit = PlanParams(ub=1, sync_out=True)
     limit = engine.evaluate(jit).result.memory.live_peak_bytes // 2
-    p = replace(jit, backward_swaps=True, backward_limit=limit, prefetch_bytes=limit)
+    p = replace(jit, backward_swaps=True, limit=limit, prefetch_bytes=limit)
     ev = engine.evaluate(p)
     fresh = engine.simulate(ev.plan)
     assert (ev.result.peak_bytes, ev.result.time) == (fresh.peak_bytes, fresh.time)

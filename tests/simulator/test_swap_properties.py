@@ -166,9 +166,9 @@ def test_the_recompute_guard_never_raises_the_peak(
     engine = Engine.build(g, device=preset, cost=dict.fromkeys(g.ops, 1e-3))
     p = replace(p, recompute="cheap")
     plain = engine.evaluate(p, timed=timed)
-    guarded = engine.evaluate(replace(p, recompute_limit=1), timed=timed)
+    guarded = engine.evaluate(replace(p, limit=1), timed=timed)
     check_plan(g, engine.order, guarded.plan)
     assert guarded.peak_bytes <= plain.peak_bytes
-    roomy = engine.evaluate(replace(p, recompute_limit=plain.peak_bytes), timed=timed)
+    roomy = engine.evaluate(replace(p, limit=plain.peak_bytes), timed=timed)
     # within the limit, nothing is swapped instead
     assert (roomy.plan.swaps, roomy.plan.recomputes) == (plain.plan.swaps, plain.plan.recomputes)
