@@ -68,10 +68,11 @@ def prefetch(
     link: Link,
     backward_start: int,
     backward: frozenset[str] = frozenset(),
-) -> SwapPlan:
+) -> tuple[SwapPlan, np.ndarray]:
     """`plan` with its swap-ins triggered earlier where `live` (bytes per step) has room under
-    `limit` (see the module's docstring); `backward_start` is the first step of the backward,
-    `backward` its ops."""
+    `limit` (see the module's docstring), and the live bytes it counts for that plan (`live`
+    with each moved or kept copy added where it now lives); `backward_start` is the first
+    step of the backward, `backward` its ops."""
     order = timeline.order
     pos = order.position
     reads = plan.first_reads(pos)
@@ -97,7 +98,7 @@ def prefetch(
         queued = max(queued, q)
     plan = _with_triggers(plan, moved, pos) if moved else plan
     plan = _kept(plan, room, limit, pos)
-    return resolve_sources(plan, pos) if plan.recomputes else plan
+    return (resolve_sources(plan, pos) if plan.recomputes else plan), room
 
 
 def _kept(plan: SwapPlan, room: np.ndarray, limit: int, pos: dict[str, int]) -> SwapPlan:
@@ -192,10 +193,11 @@ def postpone_waits(
     limit: int,
     link: Link,
     backward: frozenset[str] = frozenset(),
-) -> SwapPlan:
+) -> tuple[SwapPlan, np.ndarray]:
     """`plan` with the synchronized swap-outs of forward tensors waited for later, by a waiter
     where the copy should have ended, as far as `live` (bytes per step) has room under `limit`
-    (see the module's docstring); `backward` holds the backward pass's ops."""
+    (see the module's docstring), and the live bytes it counts for that plan: `live` with
+    each device copy held to its waiter; `backward` holds the backward pass's ops."""
     pos = timeline.order.position
     starts = [e - c for e, c in zip(timeline.base_end, timeline.cost)]
     room = live.astype(np.int64)
@@ -221,9 +223,9 @@ def postpone_waits(
             waiters[i] = timeline.order.ops[w]
         room[last + 1 : max(w, now) + 1] += swap.nbytes
     if not waiters:
-        return plan
+        return plan, room
     swaps = tuple(replace(s, waiter=waiters.get(i, s.waiter)) for i, s in enumerate(plan.swaps))
-    return replace(plan, swaps=swaps)
+    return replace(plan, swaps=swaps), room
 
 
 def _latest_waiter(

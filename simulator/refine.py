@@ -49,10 +49,12 @@ PREFETCH_ROUNDS = 3
 
 @dataclass(frozen=True)
 class Planned:
-    """A derived plan, and its simulation (time model on, no allocator) if derivation made one."""
+    """A derived plan, and its simulation (time model on, no allocator) if derivation made one,
+    else the live bytes per step derivation counted for it, if it counted them."""
 
     plan: SwapPlan
     result: PlanResult | None = None
+    live: np.ndarray | None = None
 
 
 def plan_of(
@@ -86,7 +88,8 @@ def late_swaps(engine: Engine, params: PlanParams, link: Link | None) -> frozens
     if not (params.backward_swaps and params.limit):
         return None
     planned = plan_of(engine, replace(params, backward_swaps=False), frozenset(), link, None)
-    over = np.flatnonzero(live_bytes(engine, planned.plan, link) > params.limit)
+    live = planned.live if planned.live is not None else live_bytes(engine, planned.plan, link)
+    over = np.flatnonzero(live > params.limit)
     graph, pos = engine.graph, engine.order.position
     out = set()
     for c in engine.context.candidates:
@@ -111,6 +114,8 @@ def prefetched(
     """`plan` with the waits for synchronized swap-outs moved later and swap-ins earlier,
     where its live bytes leave room under `limit` (`simulator.prefetch`; the waits only
     with `postpone`: the live bytes cannot show that later frees may fragment the heap).
+    The plan is simulated once, before the waits move; the swap-ins are then moved with the
+    live bytes `postpone_waits` counts for its moves (each copy held to its new waiter).
 
     With tensors of the backward pass swapped, fewer stalls make their device copies live
     longer (until their copies to the host end, at later steps), which the live bytes
@@ -120,16 +125,16 @@ def prefetched(
     timeline, graph = engine.timeline, engine.graph
     assert timeline is not None
     backward = engine.context.backward
-    if postpone and any(s.sync for s in plan.swaps):
-        live = live_bytes(engine, plan, link)
-        plan = postpone_waits(graph, timeline, plan, live, limit, link, backward)
     live = live_bytes(engine, plan, link)
+    if postpone and any(s.sync for s in plan.swaps):
+        plan, live = postpone_waits(graph, timeline, plan, live, limit, link, backward)
     start = engine.backward_start
     if not any(graph.tensors[s.tensor].producer in backward for s in plan.swaps):
-        return Planned(prefetch(graph, timeline, plan, live, limit, link, start, backward))
+        moved, counted = prefetch(graph, timeline, plan, live, limit, link, start, backward)
+        return Planned(moved, live=counted)
     room = limit
     for _ in range(PREFETCH_ROUNDS):
-        moved = prefetch(graph, timeline, plan, live, room, link, start, backward)
+        moved, _ = prefetch(graph, timeline, plan, live, room, link, start, backward)
         result = engine.simulate_bare(moved, link)
         peak = result.memory.live_peak_bytes
         if peak <= limit:

@@ -146,6 +146,7 @@ def test_postponed_waits_keep_the_live_bytes_within_the_limit_or_the_plans_own_p
         return m.trace.live_by_step(len(engine.order.ops), m.persistent_bytes)
 
     before = live(plan)
-    after = postpone_waits(g, timeline, plan, before, limit, link, engine.context.backward)
+    after, counted = postpone_waits(g, timeline, plan, before, limit, link, engine.context.backward)
     check_plan(g, engine.order, after)
     assert int(live(after).max()) <= max(limit, int(before.max()))
+    assert int(counted.max()) <= max(limit, int(before.max())) and (counted >= before).all()
