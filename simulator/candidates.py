@@ -73,10 +73,17 @@ class PlanContext:
         graph: Graph,
         order: Order | None = None,
         backward_scopes: tuple[str, ...] = BACKWARD_SCOPES,
+        like: PlanContext | None = None,
     ) -> PlanContext:
+        """The context of `graph` in `order`. `like` is the context of a graph with the same
+        ops and data edges (its control edges may differ, as order edges add): its gradient
+        flow, backward pass and folded ops, which follow data edges alone, are taken over."""
         order = order or categorized_order(graph)
-        flow = gradient_flow(graph, backward_scopes)
-        backward = backward_ops(graph, order, flow)
+        if like is not None:
+            flow, backward = like.flow, like.backward
+        else:
+            flow = gradient_flow(graph, backward_scopes)
+            backward = backward_ops(graph, order, flow)
         regrouped = graph.rewritten
         by_level: list[list[str]] = [[] for _ in range(order.n_levels)]
         for name in order.ops:
@@ -88,7 +95,7 @@ class PlanContext:
         ctx = cls(
             graph, order, backward, [], by_level, flow=flow, regrouped=regrouped, hidden=hidden
         )
-        ctx.unswappable = foldable_ops(graph)
+        ctx.unswappable = like.unswappable if like is not None else foldable_ops(graph)
         pos = order.position
         ctx.last_read = {
             name: max((pos[c] for c in t.consumers), default=pos[t.producer])

@@ -128,15 +128,18 @@ class Engine:
         cost: dict[str, float] | None = None,
         shared: dict[str, Any] | None = None,
         lower_bound: int | None = None,
+        like: Engine | None = None,
     ) -> Engine:
         """Lower `graph`; with `cost` (per-op seconds) the time model is on. A cost model that
         gives no op any time (Grappler's resolution is a microsecond, so a tiny step can cost
         nothing) leaves it off: no step time is then predicted rather than a made-up one.
         An `order` given (a recorded schedule) is kept: such an engine is never serialized.
-        `lower_bound` saves its computation when it is known (it does not depend on order)."""
+        `lower_bound` saves its computation when it is known (it does not depend on order);
+        `like`, an engine of this graph without some of its control edges, saves what follows
+        data edges alone (`PlanContext.build`)."""
         levels = categorized_order(graph)
         walk = order or levels
-        context = PlanContext.build(graph, levels)
+        context = PlanContext.build(graph, levels, like=like.context if like else None)
         timeline = Timeline.build(walk, cost) if cost and any(cost.values()) else None
         program = compile_program(graph, walk)
         bound = lower_bound_bytes(graph) if lower_bound is None else lower_bound
@@ -233,6 +236,7 @@ class Engine:
             cost=self.cost,
             shared=self.shared,
             lower_bound=self.lower_bound,
+            like=self,
         )
         engine.edges = edges
         return engine
@@ -240,7 +244,7 @@ class Engine:
     def _least_memory(self, graph: Graph) -> tuple[SimResult, Order]:
         """The least-memory plan's simulation on `graph` (categorized order, memory only), for
         the search of order edges."""
-        engine = Engine.build(graph, device=self.device, lower_bound=self.lower_bound)
+        engine = Engine.build(graph, device=self.device, lower_bound=self.lower_bound, like=self)
         return engine.evaluate(LEAST_MEMORY, timed=False).result.memory, engine.order
 
     def time_bound(

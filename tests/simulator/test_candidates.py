@@ -3,12 +3,16 @@ backward pass told from the forward one by what the gradients and the loss need.
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from simulator import Graph, TensorKind
 from simulator.derive import PlanContext, PlanParams, backward_ops, gradient_flow
 from simulator.engine import Engine
 from simulator.order import categorized_order
 from simulator.order_edges import feeder_edges
 from tests.simulator.builders import add
+from tests.simulator.test_swap_properties import training_graphs
 
 NO_SWAP = PlanParams(n_tensors=0)
 LEAST = PlanParams(ub=1, sync_out=True)
@@ -162,3 +166,28 @@ def test_levels_of_rewritten_ops_alone_do_not_count_toward_the_trigger_distance(
     plan = Engine.build(g).evaluate(PlanParams(ub=1, sync_out=True)).plan
     swap = next(s for s in plan.swaps if s.tensor == "a:0")
     assert [s.trigger for s in swap.swap_ins] == ["gradient_tape/loss"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(training_graphs(), st.data())
+def test_a_context_built_like_another_equals_one_built_from_scratch(
+    g: Graph, data: st.DataObject
+) -> None:
+    """With order edges added (control edges, forward in the order), a context built like
+    the graph's own (`like=`: its flow, backward pass and folded ops taken over) is the one
+    built from scratch."""
+    base = PlanContext.build(g)
+    ops = list(base.order.ops)
+    pairs = data.draw(
+        st.lists(st.tuples(st.integers(0, len(ops) - 1), st.integers(0, len(ops) - 1)), max_size=4)
+    )
+    edges = tuple((ops[min(i, j)], ops[max(i, j)]) for i, j in pairs if i != j)
+    edged = g.with_control_edges(edges)
+    fresh, like = PlanContext.build(edged), PlanContext.build(edged, like=base)
+    assert (like.flow, like.backward, like.unswappable) == (
+        fresh.flow,
+        fresh.backward,
+        fresh.unswappable,
+    )
+    assert like.candidates == fresh.candidates and like.order == fresh.order
+    assert like.by_level == fresh.by_level and like.last_read == fresh.last_read
