@@ -66,8 +66,10 @@ class Aside:
             try:
                 kind, *rest = self.messages.get(timeout=_POLL)
             except queue.Empty:
-                if not self.process.is_alive():
-                    self._error = f"exited with code {self.process.exitcode}"
+                if not self.process.is_alive():  # what it put before it ended, else its end
+                    self.poll(on_probe)
+                    if self._result is None and self._error is None:
+                        self._error = f"exited with code {self.process.exitcode}"
                 continue
             self._take(kind, rest, on_probe)
         self.process.join()

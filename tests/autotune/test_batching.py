@@ -164,3 +164,16 @@ def test_a_failure_beside_is_one_error_here(steps: StepFamily) -> None:
         UserError, match="the search beside this one failed: UserError: unknown method"
     ):
         side.result(lambda method, batch: None)
+
+
+def test_a_worker_that_dies_is_one_error_here(steps: StepFamily) -> None:
+    from autotune.search.aside import Aside
+    from simulator.errors import UserError
+
+    side = Aside.start(
+        steps, "random search", budget=Budget(80 << 20), trials=50, seed=0, low=2, high=4096
+    )
+    assert side is not None
+    side.process.kill()
+    with pytest.raises(UserError, match="the search beside this one failed: exited with code"):
+        side.result(lambda method, batch: None)
