@@ -136,12 +136,12 @@ class Engine:
         An `order` given (a recorded schedule) is kept: such an engine is never serialized.
         `lower_bound` saves its computation when it is known (it does not depend on order);
         `like`, an engine of this graph without some of its control edges, saves what follows
-        data edges alone (`PlanContext.build`)."""
+        data edges alone (`PlanContext.build`) and what each op places (`compile_program`)."""
         levels = categorized_order(graph)
         walk = order or levels
         context = PlanContext.build(graph, levels, like=like.context if like else None)
         timeline = Timeline.build(walk, cost) if cost and any(cost.values()) else None
-        program = compile_program(graph, walk)
+        program = compile_program(graph, walk, like=like.program if like else None)
         bound = lower_bound_bytes(graph) if lower_bound is None else lower_bound
         engine = cls(graph, walk, program, context, device, timeline, bound, cost)
         engine.recorded = order is not None

@@ -92,10 +92,20 @@ def _last_uses(graph: Graph, order: Order, tid: dict[str, int]) -> list[int]:
 
 
 def compile_program(
-    graph: Graph, order: Order | None = None, *, granularity: int = GRANULARITY
+    graph: Graph,
+    order: Order | None = None,
+    *,
+    granularity: int = GRANULARITY,
+    like: Program | None = None,
 ) -> Program:
-    """Lower `graph` in `order` (the categorized order by default) for `simulate_memory`."""
+    """Lower `graph` in `order` (the categorized order by default) for `simulate_memory`.
+    `like` is the program of a graph with the same ops and tensors in another order (its
+    control edges may differ, as order edges add): what each op places is taken over, in its
+    numbering (a kernel's scratch buffer keeps its id), and only what follows from the
+    positions is lowered again."""
     order = order or categorized_order(graph)
+    if like is not None:
+        return _reordered(graph, order, like)
     names = list(graph.tensors)
     tid = {name: i for i, name in enumerate(names)}
     tensors = [graph.tensors[n] for n in names]
@@ -125,26 +135,53 @@ def compile_program(
             last.append(p)
         steps.append(outs)
     steps.append([])  # the end of the step: its outputs are freed
+    held_names = [n for n, a, r in zip(names, alloc, resident) if r and a]
+    held = tuple(alloc[tid[n]] for n in held_names)
+    return _program(graph, order, names, steps, last, alloc, held_names, held, tid)
+
+
+def _program(
+    graph: Graph,
+    order: Order,
+    names: list[str],
+    steps: list[list[PlacedOutput]],
+    last: list[int],
+    alloc: list[int],
+    held_names: list[str],
+    held: tuple[int, ...],
+    tid: dict[str, int],
+) -> Program:
+    """The program of `steps` (what each step places) and what follows from their order."""
     levels = [order.level[o] for o in order.ops]
     placing = {p for p, outs in enumerate(steps) if outs}
     freeing = {last[t] for outs in steps for t, _, _, _ in outs}
     visits = sorted(placing | freeing | {len(order.ops)})
-    held_names = [n for n, a, r in zip(names, alloc, resident) if r and a]
-    held = tuple(alloc[tid[n]] for n in held_names)
     assignments = _assignments(graph, order, tid, last, held_names)
     return Program(
-        order,
-        names,
-        steps,
-        last,
-        alloc,
-        sum(held),
-        levels,
-        visits,
-        held,
-        tid,
+        order, names, steps, last, alloc, sum(held), levels, visits, held, tid,
         assignments=assignments,
-    )
+    )  # fmt: skip
+
+
+def _reordered(graph: Graph, order: Order, like: Program) -> Program:
+    """`like`'s program with its steps in `order` (see `compile_program`)."""
+    placed = dict(zip(like.order.ops, like.steps))
+    steps = [placed[name] for name in order.ops]
+    steps.append([])
+    last = _last_uses(graph, order, like.tid) + like.last_use[len(like.tid) :]
+    for p, outs in enumerate(steps):
+        for t, _, _, _ in outs:
+            if t >= len(like.tid):  # a kernel's scratch buffer: it dies at its own step
+                last[t] = p
+    held_names = [
+        n
+        for n in like.names[: len(like.tid)]
+        if graph.tensors[n].kind.resident and like.alloc_bytes[like.tid[n]]
+    ]
+    return _program(
+        graph, order, like.names, steps, last, like.alloc_bytes, held_names,
+        like.resident_sizes, like.tid,
+    )  # fmt: skip
 
 
 def _assignments(

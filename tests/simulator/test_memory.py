@@ -2,6 +2,7 @@ from collections import Counter
 from dataclasses import replace
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator import (
     Assignment,
@@ -210,3 +211,47 @@ def test_assignments_name_the_variable_the_value_and_the_pending_reads() -> None
         assert assign == Assignment(pos["assign"], 1, value, -1)
         moves = simulate_memory(program).moves
         assert [m.buffer for m in moves] == [-1, value]
+
+
+@settings(max_examples=120, deadline=None)
+@given(random_graphs(), st.data())
+def test_a_program_compiled_like_another_simulates_as_one_compiled_afresh(
+    g: Graph, data: st.DataObject
+) -> None:
+    """Order edges change the order, not what an op places: a program compiled `like` the
+    base graph's (each op's outputs and scratch taken over) walks as one compiled afresh."""
+    from simulator import BFCModel
+    from simulator.order import categorized_order
+    from simulator.replay import with_allocator
+
+    ops = list(categorized_order(g).ops)
+    for name in data.draw(st.lists(st.sampled_from(ops), max_size=3)):
+        g.ops[name].scratch = data.draw(st.integers(1, 1 << 14))
+    pairs = data.draw(
+        st.lists(st.tuples(st.integers(0, len(ops) - 1), st.integers(0, len(ops) - 1)), max_size=4)
+    )
+    edged = g.with_control_edges(
+        tuple((ops[min(i, j)], ops[max(i, j)]) for i, j in pairs if i != j)
+    )
+    fresh = simulate_memory(compile_program(edged))
+    like = simulate_memory(compile_program(edged, like=compile_program(g)))
+    assert (like.live_peak_bytes, like.peak_step) == (fresh.live_peak_bytes, fresh.peak_step)
+    n = len(fresh.order.ops)
+    assert (like.trace.live_by_step(n, 0) == fresh.trace.live_by_step(n, 0)).all()
+    assert (
+        with_allocator(like, BFCModel()).peak_bytes == with_allocator(fresh, BFCModel()).peak_bytes
+    )
+
+
+def test_a_scratch_buffer_compiled_like_another_dies_at_its_ops_new_step() -> None:
+    g = Graph("moved")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 1024)
+    c = add(g, "c", add(g, "b", x, 1024), 1024)
+    g.mark_outputs(add(g, "d", a + c, 256))
+    g.ops["a"].scratch = 1 << 20
+    edged = g.with_control_edges((("c", "a"),))  # a, and its scratch, now run after c
+    like = compile_program(edged, like=compile_program(g))
+    fresh = compile_program(edged)
+    assert like.order.position["a"] > compile_program(g).order.position["a"]
+    assert simulate_memory(like).trace.rows == simulate_memory(fresh).trace.rows
