@@ -1,8 +1,8 @@
 """A largest-batch search run in another process, beside the searches of the other methods.
 
 Random search's largest batch depends on no other method's, and it is the longest of the
-baselines (ResNet-50 on a 16 GiB device: about 50 s of the main job's 170 s on 2 cores), so
-`largest_batches` hands it to a worker process while it searches the others itself. The
+baselines (results/main_job.md, docs/method.md), so `largest_batches` hands it to a worker
+process while it searches the others itself. The
 worker is spawned (a fresh interpreter: no TensorFlow, no forked threads) and given the step's
 family without its engines; it reports its probes, for the progress bar, and its result over
 a queue. Its result is the one the search gives in this process: the same engines, seeds and
