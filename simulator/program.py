@@ -109,7 +109,6 @@ def compile_program(
     names = list(graph.tensors)
     tid = {name: i for i, name in enumerate(names)}
     tensors = [graph.tensors[n] for n in names]
-    resident = [t.kind.resident for t in tensors]
     alloc = [round_up(t.nbytes, granularity) for t in tensors]
     last = _last_uses(graph, order, tid)
     unwalked = [not t.kind.on_device for t in tensors]  # no device buffer of its own to walk
@@ -131,13 +130,10 @@ def compile_program(
             outs.append((len(names), round_up(op.scratch, granularity), -1, ()))
             names.append(f"{op_name}:scratch")
             alloc.append(outs[-1][1])
-            resident.append(False)
             last.append(p)
         steps.append(outs)
     steps.append([])  # the end of the step: its outputs are freed
-    held_names = [n for n, a, r in zip(names, alloc, resident) if r and a]
-    held = tuple(alloc[tid[n]] for n in held_names)
-    return _program(graph, order, names, steps, last, alloc, held_names, held, tid)
+    return _program(graph, order, names, steps, last, alloc, tid)
 
 
 def _program(
@@ -147,11 +143,13 @@ def _program(
     steps: list[list[PlacedOutput]],
     last: list[int],
     alloc: list[int],
-    held_names: list[str],
-    held: tuple[int, ...],
     tid: dict[str, int],
 ) -> Program:
-    """The program of `steps` (what each step places) and what follows from their order."""
+    """The program of `steps` (what each step places) and what follows from their order.
+    The variables held across the step are its resident tensors with bytes, in tensor order
+    (`tid`; a kernel's scratch is never held)."""
+    held_names = [n for n, i in tid.items() if alloc[i] and graph.tensors[n].kind.resident]
+    held = tuple(alloc[tid[n]] for n in held_names)
     levels = [order.level[o] for o in order.ops]
     placing = {p for p, outs in enumerate(steps) if outs}
     freeing = {last[t] for outs in steps for t, _, _, _ in outs}
@@ -173,15 +171,7 @@ def _reordered(graph: Graph, order: Order, like: Program) -> Program:
         for t, _, _, _ in outs:
             if t >= len(like.tid):  # a kernel's scratch buffer: it dies at its own step
                 last[t] = p
-    held_names = [
-        n
-        for n in like.names[: len(like.tid)]
-        if graph.tensors[n].kind.resident and like.alloc_bytes[like.tid[n]]
-    ]
-    return _program(
-        graph, order, like.names, steps, last, like.alloc_bytes, held_names,
-        like.resident_sizes, like.tid,
-    )  # fmt: skip
+    return _program(graph, order, like.names, steps, last, like.alloc_bytes, like.tid)
 
 
 def _assignments(
