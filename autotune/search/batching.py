@@ -329,11 +329,11 @@ def largest_batches(
     bound = max_probes(2, ceiling)
     expect = on_expect or (lambda n: None)
     expect(bound * len({"no swapping", *methods}))
-    aside: list[Aside] = []
+    side: Aside | None = None  # the worker, once started
     told = on_probe or (lambda method, batch: None)
 
     def probed(method: str, batch: int) -> None:
-        for side in aside:
+        if side is not None:
             side.poll(told)
         told(method, batch)
 
@@ -347,7 +347,7 @@ def largest_batches(
 
     out = {"no swapping": search("no swapping", 2)}
     low = max(2, out["no swapping"].batch)
-    aside.extend(_aside(steps, methods, budget, trials, seed, low, ceiling, recompute, tuned_later))
+    side = _aside(steps, methods, budget, trials, seed, low, ceiling, recompute, tuned_later)
     starts = _WARM_STARTS + (("recompute only",) if recompute == "search" else ())
     try:
         for method in methods:
@@ -356,13 +356,13 @@ def largest_batches(
                 # recompute only, when recomputes are searched), ours fits wherever they fit:
                 # its search starts at their largest batch
                 low = max([low, *(out[m].batch for m in starts if m in out)])
-            if method != "no swapping" and not (aside and method == ASIDE):
+            if method != "no swapping" and not (side and method == ASIDE):
                 out[method] = search(method, low)
-        for side in aside:
+        if side is not None:
             out[ASIDE] = side.result(told)
             expect(out[ASIDE].probes - bound)
     finally:
-        for side in aside:
+        if side is not None:
             side.stop()
     return {m: out[m] for m in ("no swapping", *methods) if m in out}
 
@@ -377,13 +377,12 @@ def _aside(
     high: int,
     recompute: str,
     tuned_later: tuple[str, ...],
-) -> list[Aside]:
+) -> Aside | None:
     """The `ASIDE` method's search started in a worker process, where it is asked for and
-    the step is a `StepFamily` (see `autotune.search.aside`); none else."""
+    the step is a `StepFamily` (see `autotune.search.aside`); None else."""
     if ASIDE not in methods or not isinstance(steps, StepFamily):
-        return []
-    side = Aside.start(
+        return None
+    return Aside.start(
         steps, ASIDE, budget=budget, trials=trials, seed=seed, low=low, high=high,
         full_outcome=ASIDE not in tuned_later, recompute=recompute,
     )  # fmt: skip
-    return [side] if side is not None else []
