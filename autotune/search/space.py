@@ -156,14 +156,14 @@ class Space:
 
     def _holds(self, draw: Draw, params: dict[str, Any], trial: dict[str, Any]) -> bool:
         """Whether each of a draw's conditions holds, given what was drawn before it."""
+        cheap = params.get("recompute", self.recompute) == "cheap"
         facts = {
             "timed": bool(self.budget_bytes),
             "searched": self.recompute == "search",
             "recomputes": self.recompute != "none",
             "every": params.get("n_tensors") == self.candidates,
-            "cheap": params.get("recompute", self.recompute) == "cheap",
-            "aims": params.get("recompute", self.recompute) == "cheap"
-            or bool(params.get("backward_swaps")),
+            "cheap": cheap,
+            "aims": cheap or bool(params.get("backward_swaps")),
         }
         return all(facts[c] if c in facts else bool(trial.get(c)) for c in draw.when)
 
