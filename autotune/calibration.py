@@ -218,6 +218,7 @@ def calibrated_device(cal: Calibration) -> DevicePreset:
         memory_bandwidth_bytes_per_s=float(c.get("memory_bandwidth_bytes_per_s", 0)),
         description=f"{cal.device_name}, calibrated on {cal.model} at {cal.sizes}",
         kind=str(c.get("kind", "GPU")),
+        duplex_bytes_per_s=cal.duplex_bytes_per_s,
         calibration=cal,
     )
 

@@ -33,20 +33,29 @@ class DevicePreset:
     description: str
     #: "GPU", or "CPU" for a calibrated CPU (then `sm_count` counts its cores)
     kind: str = "GPU"
+    #: each direction's bandwidth while both copy at once, where measured (None: each
+    #: direction keeps its own)
+    duplex_bytes_per_s: float | None = None
     #: measured per-op times that replace Grappler's (`autotune.calibration.Calibration`)
     calibration: Any = field(default=None, compare=False, repr=False)
 
     @property
     def link(self) -> Link:
-        return Link(self.d2h_bytes_per_s, self.h2d_bytes_per_s)
+        return Link(self.d2h_bytes_per_s, self.h2d_bytes_per_s, self.duplex_bytes_per_s)
 
     def with_overrides(
         self, *, memory_bytes: int | None = None, link_bytes_per_s: float | None = None
     ) -> DevicePreset:
-        """This preset with memory or link bandwidth (both directions) given by hand."""
+        """This preset with memory or link bandwidth given by hand: a bandwidth given is each
+        direction's, alone and while the other copies too."""
         out = self if memory_bytes is None else replace(self, memory_bytes=memory_bytes)
         if link_bytes_per_s is not None:
-            out = replace(out, d2h_bytes_per_s=link_bytes_per_s, h2d_bytes_per_s=link_bytes_per_s)
+            out = replace(
+                out,
+                d2h_bytes_per_s=link_bytes_per_s,
+                h2d_bytes_per_s=link_bytes_per_s,
+                duplex_bytes_per_s=None,
+            )
         return out
 
     def sharing_link(self, replicas: int) -> DevicePreset:
@@ -59,6 +68,7 @@ class DevicePreset:
             name=f"{self.name} (link shared by {replicas})",
             d2h_bytes_per_s=self.d2h_bytes_per_s / replicas,
             h2d_bytes_per_s=self.h2d_bytes_per_s / replicas,
+            duplex_bytes_per_s=self.duplex_bytes_per_s and self.duplex_bytes_per_s / replicas,
         )
 
 

@@ -5,8 +5,10 @@ device→host stream when its producer ends; a swap-in is queued on the host→d
 its trigger ends (and not before its swap-out finished), those of one trigger in the order of
 their readers; an op that reads a swapped-in copy waits
 for that copy to arrive, and the wait is a stall. Under a synchronized swap-out, the tensor's
-other readers wait for the swap-out to finish. Transfers overlap compute. Ops a plan re-runs
-(`Recompute`) run on the compute stream right after their trigger, taking their own cost again.
+other readers wait for the swap-out to finish. Transfers overlap compute; where the link cannot
+copy both ways at full bandwidth, the two streams slow each other (`simulator.streams`). Ops a
+plan re-runs (`Recompute`) run on the compute stream right after their trigger, taking their own
+cost again.
 """
 
 from __future__ import annotations
@@ -18,16 +20,9 @@ from dataclasses import dataclass, field
 from simulator.graph import Graph
 from simulator.order import Order
 from simulator.plan import SwapPlan
+from simulator.streams import Link, streams_for
 
 __all__ = ["Link", "TimeResult", "Timeline", "Transfer", "simulate_time"]
-
-
-@dataclass(frozen=True)
-class Link:
-    """Host link bandwidth in bytes per second, per direction."""
-
-    d2h: float
-    h2d: float
 
 
 @dataclass(frozen=True)
@@ -127,13 +122,13 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
     step's end is its stall-free end shifted by the stalls before it."""
     outs, ins, waits = _swap_steps(graph, timeline.order, plan)
     extra = _recompute_steps(timeline, plan)
-    streams = _Streams(link)
+    streams = streams_for(link)
     cost, base_end = timeline.cost, timeline.base_end
     shift, stalls, causes, held = 0.0, {}, {}, {}
     marks: list[tuple[int, float]] = [(-1, 0.0)]  # (step, shift from that step on)
     for p in sorted({*outs, *ins, *waits, *extra}):
         start = base_end[p] - cost[p] + shift
-        ready, last = max(((streams.arrived[w], w[1]) for w in waits.get(p, ())),
+        ready, last = max(((streams.arrival(w), w[1]) for w in waits.get(p, ())),
                           default=(start, 0))  # fmt: skip
         if ready > start:
             stalls[p] = ready - start
@@ -147,11 +142,12 @@ def simulate_time(graph: Graph, timeline: Timeline, plan: SwapPlan, link: Link) 
             streams.swap_in(tensor, k, nbytes, now)
         if p in extra and p + 1 < len(base_end):  # the re-run ops delay the next op
             seconds, sources = extra[p]
-            ready = max((streams.arrived[s] for s in sources), default=now)
+            ready = max((streams.arrival(s) for s in sources), default=now)
             if ready > now:  # waiting for swapped-in inputs first
                 held[p] = ready - now
             shift += held.get(p, 0.0) + seconds
             marks.append((p + 1, shift))
+    streams.finish()
     firsts = [base_end[max(step, 0)] + shift for step, shift in marks] if base_end else []
     released = {
         t: _first_end_after(done, base_end, marks, firsts) for t, done in streams.out_done.items()
@@ -226,25 +222,3 @@ def _first_end_after(
     hi = marks[i + 1][0] if i + 1 < len(marks) else len(base_end)
     q = bisect.bisect_left(base_end, done - shift, max(step, 0), hi)
     return q if q < hi else hi
-
-
-class _Streams:
-    """The two copy streams, each running its transfers one after another in queue order."""
-
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self.d2h_free = self.h2d_free = 0.0
-        self.out_done: dict[str, float] = {}
-        self.arrived: dict[tuple[str, int], float] = {}
-        self.transfers: list[tuple[str, str, int, float, float]] = []
-
-    def swap_out(self, tensor: str, nbytes: int, at: float) -> None:
-        begin = max(at, self.d2h_free)
-        self.d2h_free = self.out_done[tensor] = begin + nbytes / self.link.d2h
-        self.arrived[(tensor, -1)] = self.d2h_free
-        self.transfers.append((tensor, "d2h", nbytes, begin, self.d2h_free))
-
-    def swap_in(self, tensor: str, k: int, nbytes: int, at: float) -> None:
-        begin = max(at, self.h2d_free, self.out_done[tensor])
-        self.h2d_free = self.arrived[(tensor, k)] = begin + nbytes / self.link.h2d
-        self.transfers.append((tensor, "h2d", nbytes, begin, self.h2d_free))

@@ -18,7 +18,7 @@ from autotune.calibration import (
     resolve_device,
 )
 from autotune.planfile import graph_positions, structure_digest
-from simulator import Graph
+from simulator import Graph, Link
 from simulator.errors import UserError
 from tests.simulator.builders import add
 
@@ -134,6 +134,9 @@ def test_a_calibrated_device_carries_the_measured_link_and_memory(tmp_path: Path
     cal = _calibration({}, memory_bytes=8 << 30)
     dev = resolve_device(str(cal.save(tmp_path / "p.json")))
     assert (dev.d2h_bytes_per_s, dev.h2d_bytes_per_s) == (5e9, 8e9)
+    assert dev.link == Link(5e9, 8e9, both=3e9) and dev.link.shared  # measured both ways at once
+    assert dev.sharing_link(2).link == Link(2.5e9, 4e9, both=1.5e9)
+    assert dev.with_overrides(link_bytes_per_s=1e9).link == Link(1e9, 1e9)
     assert dev.memory_bytes == 8 << 30 and dev.calibration == cal and dev.kind == "GPU"
     assert dev.name.startswith("calibrated-test-cpu-")
     assert calibrated_device(_calibration({})).memory_bytes == 0  # unknown: given by the user
