@@ -111,7 +111,7 @@ def figures(tuned: TuningResult) -> dict[str, Figure]:
         tuned.evaluation, tuned.baseline, tuned.budget.bytes, tuned.lower_bound_bytes
     )
     out["memory_timeline"] = plots.render_memory_timeline(timeline)
-    view = plots.time_view(tuned.evaluation)
+    view = plots.time_view(tuned.evaluation, tuned.backward_op)
     if view is not None and not tuned.fits_without_swapping:
         out["time_view"] = plots.render_time_view(view)
     if tuned.study is not None:
@@ -153,7 +153,7 @@ def write_report(tuned: TuningResult, directory: Path) -> Path:
 
 TITLES = {
     "memory_timeline": "Memory over the step",
-    "time_view": "Compute, re-runs, copies and what the step waits for",
+    "time_view": "Compute, re-runs, copies and what the step waits for, by phase",
     "optimization_history": "Search: optimization history",
     "param_importances": "Search: parameter importances",
     "pareto_front": "Search: Pareto front of peak and time",
@@ -166,6 +166,8 @@ CAPTIONS = {
     "optimization_history": "Each point is one trial's predicted step time; grey points are "
     "trials whose plan did not fit the budget (device or host memory), the red line the best "
     "plan that fits so far.",
+    "time_view": "The dashed line is where the backward pass starts; each wait's total is split "
+    "into the seconds the forward and the backward pass wait.",
 }
 
 

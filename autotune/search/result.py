@@ -54,6 +54,9 @@ class TuningResult:
     verification: Any = None
     #: the simulated peak of the tuned parameters without order edges (None when it has none)
     unordered_peak_bytes: int | None = None
+    #: the backward pass's first op (None: the step has none), where the time view splits
+    #: the waits into the forward and the backward pass
+    backward_op: str | None = None
 
     @property
     def size_name(self) -> str:

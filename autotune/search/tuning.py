@@ -127,6 +127,7 @@ def tune_captured(
         TrainingStep(captured, best.plan, best.params, device, batch_size),
         engine.time_bound(budget.bytes),
         unordered_peak_bytes=unordered,
+        backward_op=engine.order.ops[engine.backward_start] if engine.context.flow else None,
     )
 
 

@@ -88,6 +88,9 @@ def test_fit_a_keras_model_and_write_its_report(tmp_path) -> None:  # type: igno
     history = report.read_text().split("## Search: optimization history")[1].split("##")[0]
     assert "grey points are trials whose plan did not fit the budget" in history
     assert "grey points are trials whose plan did not fit the budget" in html
+    # the time view splits the waits where the backward pass starts
+    assert tuned.backward_op is not None and tuned.backward_op.startswith("gradient_tape/")
+    assert "dashed line is where the backward pass starts" in report.read_text()
 
 
 def test_a_budget_that_fits_without_swapping_returns_the_untouched_step(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -79,6 +79,36 @@ def test_time_view_shows_each_wait_by_what_it_waits_for(engine: Engine) -> None:
     assert "waiting for swap-ins: 7000.0 ms" in labels
 
 
+def test_time_view_splits_the_waits_at_the_backward_pass(engine: Engine) -> None:
+    # as above: f2 waits 3.5 s in the forward pass; b3 and f2's re-run wait in the backward
+    b = "gradient_tape/"
+    plan = SwapPlan(
+        swaps=(
+            Swap("f1:0", 1024, (SwapIn(b + "b3", (b + "b1",)),), sync=True),
+            Swap("f3:0", 1024, (SwapIn("f3", (b + "b3",)),)),
+        ),
+        recomputes=(Recompute("f2:0", 1024, ("f2",), b + "b3", (b + "b2",), (("f1:0", 0),)),),
+    )
+    ev = Evaluation(PlanParams(), plan, engine.simulate(plan), 0.0)
+    first = engine.order.ops[engine.backward_start]
+    data = plots.time_view(ev, first)
+    assert data is not None and ev.result.time is not None
+    assert data.by_phase == {
+        "swap-out": pytest.approx((3.5, 0.0)),
+        "swap-in": pytest.approx((0.0, 7.0)),
+        "recompute input": pytest.approx((0.0, 3.5)),
+    }
+    t, at = ev.result.time, engine.order.position[first]
+    assert data.backward_at == pytest.approx(t.end()[at] - 1.0 - t.stalls.get(at, 0.0))
+    assert plots.time_view(ev).by_phase is None  # type: ignore[union-attr]
+    fig = plots.render_time_view(data)
+    labels = [x.get_text() for x in fig.axes[0].get_yticklabels()]
+    assert "waiting for swap-outs: 3500.0 ms (3500.0 forward, 0.0 backward)" in labels
+    marks = [line.get_xdata()[0] for line in fig.axes[0].lines]
+    assert marks == pytest.approx([data.backward_before * 1e3, data.backward_at * 1e3])
+    assert data.backward_before == pytest.approx(t.timeline.base_end[at] - 1.0)
+
+
 def test_batch_curve_grid_reaches_past_the_largest_batch(engine: Engine) -> None:
     curve = plots.batch_curve(lambda b: engine, PlanParams(), 4096, 10, 40, points=5)
     assert curve.batches[-1] >= 40 and len(curve.batches) == len(curve.no_swap) == 5
