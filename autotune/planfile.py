@@ -67,9 +67,8 @@ class SavedPlan:
         return SwapPlan.from_dict(_rename(self.plan.to_dict(), mapping))
 
 
-def plan_document(plan: SwapPlan, captured: Captured, batch_size: int | None) -> dict[str, Any]:
-    """The JSON form of a plan file: the plan and what it was derived for."""
-    graph = captured.graph
+def plan_document(plan: SwapPlan, graph: Graph, batch_size: int | None) -> dict[str, Any]:
+    """The JSON form of a plan file: the plan and the graph it was derived for."""
     body = plan.to_dict()
     positions = graph_positions(graph)
     return {
@@ -127,11 +126,12 @@ def _rename(data: Any, mapping: dict[str, str]) -> Any:
     return data
 
 
-def save_plan(path: str | Path, plan: SwapPlan, captured: Captured, batch: int | None) -> Path:
-    """Write the plan file for `plan`, derived on `captured` at `batch`; return its path."""
+def save_plan(path: str | Path, plan: SwapPlan, graph: Graph, batch: int | None) -> Path:
+    """Write the plan file for `plan`, derived on the step's `graph` at `batch`; return its
+    path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan_document(plan, captured, batch), indent=1) + "\n")
+    path.write_text(json.dumps(plan_document(plan, graph, batch), indent=1) + "\n")
     return path
 
 

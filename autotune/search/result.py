@@ -12,7 +12,7 @@ from autotune.search.core import Budget, Outcome
 from autotune.search.tuned import TrainingStep
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
-from simulator import DevicePreset, SwapPlan
+from simulator import DevicePreset, Graph, SwapPlan
 from simulator.engine import Evaluation
 from simulator.errors import UserError
 from simulator.params import PlanParams
@@ -54,6 +54,8 @@ class TuningResult:
     verification: Any = None
     #: the simulated peak of the tuned parameters without order edges (None when it has none)
     unordered_peak_bytes: int | None = None
+    #: the graph the plan was derived on (the step's at the tuned batch)
+    graph: Graph | None = None
     #: the backward pass's first op (None: the step has none), where the time view splits
     #: the waits into the forward and the backward pass
     backward_op: str | None = None
@@ -115,8 +117,9 @@ class TuningResult:
 
     @property
     def captured(self) -> Captured | None:
-        """The step as captured at the tuned batch (None without one)."""
-        return self.training.captured
+        """The step as captured at the tuned batch (captured now if it was left for later;
+        None without one)."""
+        return self.training.capture()
 
     @property
     def step(self) -> Any:
@@ -197,11 +200,13 @@ class TuningResult:
 
         from autotune.planfile import save_plan
 
-        if self.captured is None:
+        made = self.training.captured  # a capture left for later is not made for this
+        graph = made.graph if made is not None else self.graph
+        if graph is None:
             path = Path(path)
             path.write_text(json.dumps(self.plan.to_dict(), indent=1) + "\n")
             return path
-        return save_plan(path, self.plan, self.captured, self.batch_size)
+        return save_plan(path, self.plan, graph, self.batch_size)
 
     def report(self, directory: str | Path) -> Path:
         """Write summary.json, plan.json, trials.csv, the plots, report.md and report.html

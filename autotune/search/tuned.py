@@ -3,6 +3,7 @@ other batch (captured there, with the plan the tuned parameters give, or tuned t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,7 +24,9 @@ class Retunes(Protocol):
 @dataclass
 class TrainingStep:
     """The tuned step, callable like the original at any batch size. `retuner` makes it at
-    another batch (None: at `batch_size` only)."""
+    another batch (None: at `batch_size` only). `later` captures the step at its batch where
+    `captured` is None: on first use (a largest-batch search tunes the step at its batch on
+    a graph scaled from two other captures, so its own capture waits until it is run)."""
 
     captured: Captured | None
     plan: SwapPlan
@@ -31,19 +34,27 @@ class TrainingStep:
     device: DevicePreset
     batch_size: int | None
     retuner: Retunes | None = field(default=None, repr=False)
+    later: Callable[[], Captured] | None = field(default=None, repr=False)
     _step: Any = field(default=None, repr=False)
     _at: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    def capture(self) -> Captured | None:
+        """The step captured at its batch (captured now if it was left for later)."""
+        if self.captured is None and self.later is not None:
+            self.captured, self.later = self.later(), None
+        return self.captured
 
     @property
     def rewritten(self) -> Any:
         """The tuned step at its batch (rewritten on first use), or the original when the plan
         changes nothing."""
         if self._step is None:
-            if self.captured is None:
+            captured = self.capture()
+            if captured is None:
                 raise UserError("this result holds no captured step to rewrite")
             from autotune.run.verify import training_step
 
-            self._step = training_step(self.captured, self.plan, self.device)
+            self._step = training_step(captured, self.plan, self.device)
         return self._step
 
     def __call__(self, *args: Any) -> Any:
@@ -52,11 +63,12 @@ class TrainingStep:
         there from the same parameters, or tuned there if it no longer fits (`at_batch`)."""
         from rewriter.inputs import batch_of, conform
 
-        if self.captured is None:
+        captured = self.capture()
+        if captured is None:
             return self.rewritten(*args)
-        if self.captured.distributed is not None:  # distributed values: each replica's share
-            args = tuple(self.captured.distributed.components(args))
-        inputs = conform(args, self.captured.specs, any_batch=self.retuner is not None)
+        if captured.distributed is not None:  # distributed values: each replica's share
+            args = tuple(captured.distributed.components(args))
+        inputs = conform(args, captured.specs, any_batch=self.retuner is not None)
         batch = batch_of(inputs)
         if batch is None or batch == self.batch_size:
             return self.rewritten(*inputs)

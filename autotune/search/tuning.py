@@ -76,7 +76,7 @@ def check_budget(engine: Engine, budget: Budget) -> None:
 
 
 def tune_captured(
-    captured: Captured,
+    captured: Captured | None,
     engine: Engine,
     budget: Budget,
     *,
@@ -88,9 +88,11 @@ def tune_captured(
     batch_size: int | None = None,
     progress: Progress | None = None,
     recompute: str = "search",
+    later: Callable[[], Captured] | None = None,
 ) -> TuningResult:
     """Tune one captured step on its engine: baselines, then our study (resumed if stored);
-    `recompute` is what the search may do with recomputes (`autotune.search.space.Space`)."""
+    `recompute` is what the search may do with recomputes (`autotune.search.space.Space`).
+    Without `captured`, `later` captures the step when it is first needed."""
     check_budget(engine, budget)
     start = time.perf_counter()
     baseline = engine.evaluate(PlanParams(n_tensors=0))
@@ -123,10 +125,11 @@ def tune_captured(
         study,
         outcomes,
         time.perf_counter() - start,
-        captured.trace_seconds,
-        TrainingStep(captured, best.plan, best.params, device, batch_size),
+        captured.trace_seconds if captured is not None else 0.0,
+        TrainingStep(captured, best.plan, best.params, device, batch_size, later=later),
         engine.time_bound(budget.bytes),
         unordered_peak_bytes=unordered,
+        graph=engine.graph,
         backward_op=engine.order.ops[engine.backward_start] if engine.context.flow else None,
     )
 
@@ -332,7 +335,7 @@ def _fit_max_batch(
     trials, seed, recompute = opts["trials"], opts["seed"], opts["recompute"]
     given = opts.pop("batch_size", None)
     pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES
-    bars.expect(2 * len(pair) + 1)  # a trace and costs at each batch, a trace at the best
+    bars.expect(2 * len(pair))  # a trace and costs at each batch
     steps = StepFamily.capture(capture_at, preset, pair, on_stage=bars.stage)
     batches = largest_batches(
         steps, budget, trials=trials, seed=seed, on_probe=bars.probe, tuned_later=("ours",),
@@ -341,15 +344,16 @@ def _fit_max_batch(
     best = batches["ours"].batch or batches["no swapping"].batch
     if best == 0:
         check_budget(steps.engine(2), budget)
-    bars.stage(f"tracing at batch {best}")
-    captured = capture_at(best)
     engine = steps.engine(best)
     name = study or study_name(
         "step", f"max{best}", preset.name, budget.bytes, budget.host_bytes, recompute
     )
+    # the step is captured at `best` when it is first run, verified or renamed for a plan
+    # file: tuning and the report need only the graph scaled from the two captures
     tuned = tune_captured(
-        captured, engine, budget, name=name, batch_size=best, progress=bars, **opts
-    )
+        None, engine, budget, name=name, batch_size=best, progress=bars,
+        later=lambda: capture_at(best), **opts,
+    )  # fmt: skip
     ours = batches["ours"]
     if ours.outcome is not None:  # its full outcome at its batch: the tuning's
         full = tuned.outcomes.get("ours") or method_at(

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import autotune
+from autotune.planfile import load_plan
 from autotune.search.tuning import BudgetError
 
 pytestmark = pytest.mark.tf
@@ -123,7 +124,14 @@ def test_max_batch_for_a_custom_step(tmp_path) -> None:  # type: ignore[no-untyp
     )  # fmt: skip
     d = tuned.to_dict()
     assert d["max_batch_tuned"] == tuned.batch_size >= d["max_batch_no_swap"] >= 512
+    # tuned on the graph scaled from two captures: the step is captured at its batch only
+    # when it is needed, and not for the plan file, which is that of the step captured there
+    assert tuned.training.captured is None
+    saved = load_plan(tuned.save_plan(tmp_path / "plan.json"))
+    assert tuned.training.captured is None
     assert tuned.captured.specs[0].shape[0] == tuned.batch_size
+    assert saved.fingerprint == tuned.captured.graph.fingerprint()
+    assert saved.for_step(tuned.captured, tuned.batch_size) == tuned.plan
     # ours' outcome at its largest batch is the full tuning there, not the probe's first fit
     assert tuned.batches is not None
     assert tuned.batches["ours"].outcome is tuned.outcomes["ours"]
