@@ -197,6 +197,8 @@ class Graph:
             op = out.ops[after]
             out.ops[after] = replace(op, control_inputs=[*op.control_inputs, before])
             out.control_consumers.setdefault(before, []).append(after)
+            if before in out.edge_order:  # an order a graph pass set lists it last
+                out.edge_order[before] = list(dict.fromkeys([*out.edge_order[before], after]))
         return out
 
     def merged(self, into: str, other: str) -> Graph:

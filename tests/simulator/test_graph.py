@@ -106,6 +106,15 @@ def test_edge_order_sets_the_order_successors_are_seen_in() -> None:
         g.with_edge_order({"p": ["i", "f"]})
 
 
+def test_a_control_edge_added_after_an_edge_order_is_a_successor_too() -> None:
+    from simulator.order import categorized_order
+
+    g = _grad_block().with_edge_order({"p": ["i", "b", "f"]}).with_control_edges((("p", "v"),))
+    assert g.successors("p") == ["i", "b", "f", "v"]
+    assert g.predecessors("v") == ["b", "p"]
+    assert categorized_order(g).position["v"] > categorized_order(g).position["p"]
+
+
 def test_workspace_is_a_tensor_from_one_op_to_another() -> None:
     g = _grad_block().with_workspace("p", "i", 100)
     g.lint()
