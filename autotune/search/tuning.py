@@ -348,8 +348,8 @@ def _fit_max_batch(
     name = study or study_name(
         "step", f"max{best}", preset.name, budget.bytes, budget.host_bytes, recompute
     )
-    # the step is captured at `best` when it is first run, verified or renamed for a plan
-    # file: tuning and the report need only the graph scaled from the two captures
+    # the step is captured at `best` when it is first run or verified: tuning, the report
+    # and the plan file need only the graph scaled from the two captures
     tuned = tune_captured(
         None, engine, budget, name=name, batch_size=best, progress=bars,
         later=lambda: capture_at(best), **opts,
