@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "close_bars"]
+
+#: the bars drawn and not closed yet, in any Progress
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_bars() -> None:
+    """End every bar still drawn, so that what is printed next (an error, an interrupt) starts
+    a line of its own instead of following the bar."""
+    for bar in list(_OPEN):
+        bar.close()
 
 
 class Progress:
@@ -19,7 +30,9 @@ class Progress:
     def _bar(self, total: int | None, desc: str, unit: str) -> Any:
         from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+        _OPEN.add(bar)
+        return bar
 
     def _stages(self) -> Any:
         if self._stage is None:

@@ -48,8 +48,9 @@ def format_bytes(nbytes: int) -> str:
 
 
 def format_sized(nbytes: int) -> str:
-    """`nbytes` for a person and exactly, e.g. '1.25 GiB (1342177280 B)'."""
-    return f"{format_bytes(nbytes)} ({nbytes} B)"
+    """`nbytes` for a person and exactly, e.g. '1.25 GiB (1342177280 B)' ('931 B' once)."""
+    shown = format_bytes(nbytes)
+    return shown if shown == f"{nbytes} B" else f"{shown} ({nbytes} B)"
 
 
 def byte_unit(largest: float) -> tuple[float, str]:

@@ -32,6 +32,7 @@ from autotune.cli.options import (
     size_arg,
 )
 from autotune.cli.output import print_simulation, print_verification
+from autotune.progress import close_bars
 from autotune.search.core import INTERRUPTED, STUDY_RUNNING
 from autotune.units import format_sized as _sized
 from simulator.errors import UserError
@@ -310,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
             _import_tensorflow_quietly()
         return int(args.func(args))
     except KeyboardInterrupt:
+        close_bars()
         return _interrupted()
     except Exception as err:
+        close_bars()  # the message goes on a line of its own, not after a progress bar
         if INTERRUPTED.is_set() or _caused_by_interrupt(err):
             # a Ctrl-C can land inside a database transaction: the driver's and Optuna's
             # errors that follow need not carry the KeyboardInterrupt in their chain

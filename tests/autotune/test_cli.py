@@ -48,6 +48,14 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
 
 
 @pytest.mark.tf
+def test_an_error_after_a_progress_bar_starts_its_own_line() -> None:
+    out = run_cli("fit", "--model", "tiny-cnn", "--batch-size", "8", "--gpu-memory", "1KiB")
+    assert out.returncode == 2 and "preparing" in out.stderr  # the bar was drawn
+    last = out.stderr.rstrip("\n").split("\n")[-1]
+    assert last.startswith("autotune: error: budget 931 B (0.91 of 1.00 KiB (1024 B)) is below")
+
+
+@pytest.mark.tf
 def test_simulate_json_has_the_promised_keys() -> None:
     out = cli_json("simulate", "--model", "tiny-cnn", "--batch-size", "4")
     for key in ("peak_bytes", "persistent_bytes", "ops", "levels", "simulate_seconds"):

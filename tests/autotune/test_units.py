@@ -29,6 +29,13 @@ def test_format_bytes() -> None:
     assert format_bytes(5 << 40) == "5120.00 GiB"
 
 
+def test_a_size_is_said_exactly_once_when_it_reads_in_bytes() -> None:
+    from autotune.units import format_sized
+
+    assert format_sized(931) == "931 B"
+    assert format_sized(1024) == "1.00 KiB (1024 B)"
+
+
 def test_bytes_are_plotted_in_the_unit_that_reads_as_a_number() -> None:
     # a 15 MB peak as 14.3 MiB, not 0.014 GiB
     assert byte_unit(15e6) == (float(1 << 20), "MiB")
