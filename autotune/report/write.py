@@ -370,8 +370,10 @@ def params_line(params: dict[str, Any]) -> str:
     """The plan's parameters as `name=value` pairs, sizes in units, those left at their
     defaults (off, none, zero) left out; the full set is in --json and summary.json."""
     from simulator.derive import PlanParams
+    from simulator.params import PARAMS
 
     default = PlanParams().to_dict()
+    sizes = {p.name for p in PARAMS if p.size}
     kept = {"n_tensors", "lb", "ub"} | (
         {"recompute_ops"} if params.get("recompute") != "none" else set()
     )
@@ -379,7 +381,7 @@ def params_line(params: dict[str, Any]) -> str:
     for k, v in params.items():
         if v == [] or (v == default.get(k) and k not in kept):
             continue
-        if k.endswith(("_bytes", "_limit")) and isinstance(v, int) and v:
+        if k in sizes and isinstance(v, int) and v:
             v = format_bytes(v)
         shown.append(f"{k}={'all' if k == 'n_tensors' and v == -1 else v}")
     return " ".join(shown)
