@@ -51,17 +51,21 @@ def test_time_view_streams_add_up_to_the_step(engine: Engine) -> None:
     assert fig.axes[0].get_xlabel() == "time in the step (ms)"
 
 
-def test_time_view_shows_each_wait_by_what_it_waits_for(engine: Engine) -> None:
-    # ops take 1 s, a 1 KiB copy 3.5 s: f2 waits for f1's synchronized swap-out, b3 for f3's
-    # swap-in (triggered by f3, after its swap-out), f2's re-run after b3 for f1's swap-in
+def _waiting_plan() -> SwapPlan:
+    """Ops take 1 s, a 1 KiB copy 3.5 s: f2 waits for f1's synchronized swap-out, b3 for f3's
+    swap-in (triggered by f3, after its swap-out), f2's re-run after b3 for f1's swap-in."""
     b = "gradient_tape/"
-    plan = SwapPlan(
+    return SwapPlan(
         swaps=(
             Swap("f1:0", 1024, (SwapIn(b + "b3", (b + "b1",)),), sync=True),
             Swap("f3:0", 1024, (SwapIn("f3", (b + "b3",)),)),
         ),
         recomputes=(Recompute("f2:0", 1024, ("f2",), b + "b3", (b + "b2",), (("f1:0", 0),)),),
     )
+
+
+def test_time_view_shows_each_wait_by_what_it_waits_for(engine: Engine) -> None:
+    plan = _waiting_plan()
     result = engine.simulate(plan)
     t = result.time
     assert t is not None
@@ -80,15 +84,8 @@ def test_time_view_shows_each_wait_by_what_it_waits_for(engine: Engine) -> None:
 
 
 def test_time_view_splits_the_waits_at_the_backward_pass(engine: Engine) -> None:
-    # as above: f2 waits 3.5 s in the forward pass; b3 and f2's re-run wait in the backward
-    b = "gradient_tape/"
-    plan = SwapPlan(
-        swaps=(
-            Swap("f1:0", 1024, (SwapIn(b + "b3", (b + "b1",)),), sync=True),
-            Swap("f3:0", 1024, (SwapIn("f3", (b + "b3",)),)),
-        ),
-        recomputes=(Recompute("f2:0", 1024, ("f2",), b + "b3", (b + "b2",), (("f1:0", 0),)),),
-    )
+    # f2 waits 3.5 s in the forward pass; b3 and f2's re-run wait in the backward
+    plan = _waiting_plan()
     ev = Evaluation(PlanParams(), plan, engine.simulate(plan), 0.0)
     first = engine.order.ops[engine.backward_start]
     data = plots.time_view(ev, first)
