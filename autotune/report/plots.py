@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -178,15 +178,15 @@ def time_view(tuned: Evaluation, backward_op: str | None = None) -> TimeView | N
     d2h = [(tr.start, tr.end - tr.start) for tr in t.transfers if tr.direction == "d2h"]
     h2d = [(tr.start, tr.end - tr.start) for tr in t.transfers if tr.direction == "h2d"]
     before = [(0.0, t.baseline_seconds)]
+    view = TimeView(before, compute, rerun, waits, d2h, h2d, t.baseline_seconds, t.step_seconds)
     if first < 0:
-        return TimeView(before, compute, rerun, waits, d2h, h2d, t.baseline_seconds,
-                        t.step_seconds)  # fmt: skip
-    backward_at = t.end()[first] - cost[first] - t.stalls.get(first, 0.0)
-    by_phase = {k: (f, b) for k, (f, b) in phases.items()}
-    return TimeView(
-        before, compute, rerun, waits, d2h, h2d, t.baseline_seconds, t.step_seconds,
-        backward_at, base[first] - cost[first], by_phase,
-    )  # fmt: skip
+        return view
+    return replace(
+        view,
+        backward_at=t.end()[first] - cost[first] - t.stalls.get(first, 0.0),
+        backward_before=base[first] - cost[first],
+        by_phase={k: (f, b) for k, (f, b) in phases.items()},
+    )
 
 
 def render_time_view(data: TimeView) -> Figure:
