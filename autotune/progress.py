@@ -22,8 +22,8 @@ def close_bars() -> None:
 class Progress:
     """tqdm bars when `enabled`; every method is a no-op otherwise."""
 
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool = True, name: str = "preparing") -> None:
+        self.enabled, self.name = enabled, name
         self._stage: Any = None
         self._running = False  # a stage has started and not ended
 
@@ -36,7 +36,7 @@ class Progress:
 
     def _stages(self) -> Any:
         if self._stage is None:
-            self._stage = self._bar(None, "preparing", "stage")
+            self._stage = self._bar(None, self.name, "stage")
         return self._stage
 
     def stage(self, text: str) -> None:

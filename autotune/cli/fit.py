@@ -49,7 +49,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if args.verify:
         tuned.verify()
-    report = tuned.report(args.out)
+    report = tuned.report(args.out, progress=not args.quiet)
     out = {"model": args.model, "study": name, "report": str(report), **tuned.to_dict()}
     out |= machine_figures(out, args.replicas, machine)
     if args.json:

@@ -290,6 +290,13 @@ class BatchCurve:
     bound: list[float | None] = field(default_factory=list)
 
 
+def batch_grid(max_no_swap: int, max_tuned: int, points: int = 12) -> list[int]:
+    """The batch sizes `batch_curve` simulates: `points` (or fewer, where sizes are small)
+    from 2 to 15 % past the larger maximum."""
+    top = max(max_tuned, max_no_swap, 2)
+    return sorted({max(2, round(top * 1.15 * i / (points - 1))) for i in range(points)})
+
+
 def batch_curve(
     engine_at: Callable[[int], Any],
     params: Any,
@@ -297,18 +304,21 @@ def batch_curve(
     max_no_swap: int,
     max_tuned: int,
     points: int = 12,
+    on_point: Callable[[int], None] | None = None,
 ) -> BatchCurve:
     """Simulate both settings on a grid of batch sizes up to past the tuned maximum. The tuned
     parameters run at every size with the order edges of the tuned size (a size's own edges
     would be searched for at each point: most of the curve's time), and the time bound is
-    the lower of the plain order's and that order's."""
+    the lower of the plain order's and that order's. `on_point(b)` is told each size first
+    (a progress bar's stage)."""
     from simulator.derive import PlanParams
 
-    top = max(max_tuned, max_no_swap, 2)
-    grid = sorted({max(2, round(top * 1.15 * i / (points - 1))) for i in range(points)})
+    grid = batch_grid(max_no_swap, max_tuned, points)
     tuned_at = engine_at(max(max_tuned, 2))
     none, tuned, overhead, bound = [], [], [], []
     for b in grid:
+        if on_point is not None:
+            on_point(b)
         engine = engine_at(b)
         ordered = engine.ordered_like(tuned_at) if params.serialize else engine
         bare = engine.evaluate(PlanParams(n_tensors=0))

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.progress import Progress
 from autotune.units import byte_unit, format_bytes
 
 if TYPE_CHECKING:
@@ -102,10 +103,12 @@ def trials_table(study: Any) -> pd.DataFrame | None:
     return study.trials_dataframe(attrs=("number", "value", "params", "user_attrs", "state"))
 
 
-def figures(tuned: TuningResult) -> dict[str, Figure]:
-    """Every plot the result supports, by file stem."""
+def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, Figure]:
+    """Every plot the result supports, by file stem (`progress` is told the batch curve's
+    sizes, then that the plots are being saved)."""
     from autotune.report import plots
 
+    bars = progress or Progress(False)
     out: dict[str, Figure] = {}
     timeline = plots.memory_timeline(
         tuned.evaluation, tuned.baseline, tuned.budget.bytes, tuned.lower_bound_bytes
@@ -123,17 +126,22 @@ def figures(tuned: TuningResult) -> dict[str, Figure]:
             tuned.budget.bytes,
             tuned.batches["no swapping"].batch,
             tuned.batches["ours"].batch,
+            on_point=lambda b: bars.stage(f"peak against size: {b}"),
         )
         out["batch_curve"] = plots.render_batch_curve(curve)
+    bars.stage("saving the plots")
     if tuned.verification is not None:
         out["verification"] = plots.render_verification(tuned.verification)
     return out
 
 
-def write_report(tuned: TuningResult, directory: Path) -> Path:
-    """Write the report files into `directory` and return the path of report.md."""
+def write_report(tuned: TuningResult, directory: Path, progress: Progress | None = None) -> Path:
+    """Write the report files into `directory` and return the path of report.md; `progress`
+    shows its stages (the batch curve's sizes, the plots, the files)."""
     import matplotlib.pyplot as plt
 
+    bars = progress or Progress(False)
+    bars.expect(len(_curve_grid(tuned)) + 2)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "summary.json").write_text(json.dumps(tuned.to_dict(), indent=1) + "\n")
     tuned.save_plan(directory / "plan.json")
@@ -141,14 +149,25 @@ def write_report(tuned: TuningResult, directory: Path) -> Path:
     if trials is not None:
         trials.to_csv(directory / "trials.csv", index=False)
     images = {}
-    for name, fig in figures(tuned).items():
+    for name, fig in figures(tuned, bars).items():
         fig.savefig(directory / f"{name}.png", dpi=100)
         plt.close(fig)  # Optuna draws through pyplot, which would keep its figures alive
         images[name] = directory / f"{name}.png"
+    bars.stage("report.md and report.html")
     path = directory / "report.md"
     path.write_text(_markdown(tuned, images))
     (directory / "report.html").write_text(_html(tuned, images))
+    bars.done()
     return path
+
+
+def _curve_grid(tuned: TuningResult) -> list[int]:
+    """The sizes of the report's batch curve (none without a largest-batch search)."""
+    from autotune.report.plots import batch_grid
+
+    if tuned.batches is None or tuned.steps is None:
+        return []
+    return batch_grid(tuned.batches["no swapping"].batch, tuned.batches["ours"].batch)
 
 
 TITLES = {

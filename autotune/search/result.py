@@ -208,12 +208,13 @@ class TuningResult:
             return path
         return save_plan(path, self.plan, graph, self.batch_size)
 
-    def report(self, directory: str | Path) -> Path:
+    def report(self, directory: str | Path, *, progress: bool = False) -> Path:
         """Write summary.json, plan.json, trials.csv, the plots, report.md and report.html
-        into `directory`; return the path of report.md."""
+        into `directory`; return the path of report.md. `progress`: a bar of its stages."""
+        from autotune.progress import Progress
         from autotune.report.write import write_report
 
-        return write_report(self, Path(directory))
+        return write_report(self, Path(directory), Progress(progress, "report"))
 
 
 #: The name `TuningResult` had before 0.2; kept for a release.

@@ -60,6 +60,7 @@ def test_the_facts_the_headline_table_and_the_first_plot_fit_a_first_screen(
     tuned = autotune.fit(zm.model, gpu_memory="80MiB", trials=4, max_batch=True, **kw,
                          out=tmp_path)  # fmt: skip
     report = tuned.report(tmp_path / "report")
+    _a_bar_follows_the_report(tuned, tmp_path / "again")
     # the order edges' saving is simulated exactly when the plan has them
     assert (tuned.unordered_peak_bytes is not None) == bool(tuned.plan.order_edges)
     page = weasyprint.CSS(string="@page{size:1280px 800px;margin:0}")
@@ -78,3 +79,18 @@ def _boxes(box: Any) -> Any:
     yield box
     for child in getattr(box, "children", None) or []:
         yield from _boxes(child)
+
+
+def _a_bar_follows_the_report(tuned: Any, directory: Any) -> None:
+    """Writing the report shows each size of its batch curve, then the plots and the files,
+    and ends at the total it expected."""
+    from autotune.report.plots import batch_grid
+    from autotune.report.write import write_report
+    from tests.autotune.test_progress import Recorded
+
+    bars = Recorded()
+    write_report(tuned, directory, bars)
+    grid = batch_grid(tuned.batches["no swapping"].batch, tuned.batches["ours"].batch)
+    (bar,) = bars.bars
+    assert bar.n == bar.total == len(grid) + 2 and bar.closed
+    assert bar.postfix == "report.md and report.html"
