@@ -10,8 +10,10 @@ model, each in a fresh process, on `v100-16gb-nvlink2` (16 GiB, default budget):
 - the predicted overhead at the tuned largest size;
 - `exact`: a small variant tuned by `autotune.fit` for a budget 30 % of the way from its
   least-memory plan's peak to its no-swap peak, one training step of the tuned step against
-  the original twin's, every weight and optimizer variable compared bitwise (on the CPU);
-  n/a where the original step run on a third twin already differs (nothing can be compared).
+  the original twin's, every weight and optimizer variable compared bitwise (on the CPU, with
+  one inter-op thread, as the tool measures: with two, InceptionV3's own step is not
+  reproducible); n/a where the original step run on a third twin already differs (nothing
+  can be compared).
 
 Writes `corpus.md` and `corpus.json` (`{"models": [...]}`). Everything but `exact` is simulated.
 """
@@ -229,8 +231,11 @@ def _one(name: str, trials: int, seed: int, exact_trials: int) -> dict[str, Any]
 
 
 def _run_fresh(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """`_one` in a fresh process (captures and TensorFlow's memory do not pile up)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    """`_one` in a fresh process (captures and TensorFlow's memory do not pile up), with one
+    inter-op thread: a step whose ops race for their inputs' buffers (an AddN of three or more
+    terms sums them from the one whose buffer it can take over) is not reproducible with
+    more, and then no comparison can say whether a plan changed it."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_NUM_INTEROP_THREADS": "1"}
     cmd = [sys.executable, "-m", "autotune.benchmarks.corpus", "--one", name,
            "--trials", str(args.trials), "--seed", str(args.seed),
            "--exact-trials", str(args.exact_trials)]  # fmt: skip

@@ -76,3 +76,24 @@ def test_an_original_that_differs_from_itself_makes_exact_not_applicable() -> No
     # tuned halfway up when the search found no plan at the usual share: said in the cell
     halfway = _exact_cell({**row, "exact": True, "exact_share": 0.65})
     assert halfway == "yes (tuned 65% of the way up)"
+
+
+def test_each_member_runs_in_a_fresh_process_with_one_inter_op_thread(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """InceptionV3's own step, run twice from one state with two inter-op threads, differs in
+    510 of 760 variables now and then (an AddN sums from the input whose buffer it takes
+    over): the exactness check runs where the original repeats."""
+    import argparse
+    import subprocess
+
+    from autotune.benchmarks import corpus
+
+    seen = {}
+
+    def run(cmd, **kw):  # type: ignore[no-untyped-def]
+        seen.update(kw["env"])
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"name": "x"}\n', stderr="")
+
+    monkeypatch.setattr(corpus.subprocess, "run", run)
+    args = argparse.Namespace(trials=1, seed=0, exact_trials=1)
+    assert corpus._run_fresh("x", args) == {"name": "x"}
+    assert seen["TF_NUM_INTEROP_THREADS"] == "1"
