@@ -128,7 +128,8 @@ def print_fit(
     args: argparse.Namespace, tuned: Any, name: str, report: Any, d: dict[str, Any]
 ) -> None:
     """`autotune fit`'s lines; `d`: its JSON fields."""
-    from autotune.report.write import batches_table, edge_saving, methods_table, params_line
+    from autotune.report.facts import edge_saving, params_line
+    from autotune.report.write import batches_table, methods_table
 
     cube = f", cube {d['cube']}" if "cube" in d else ""
     print(
@@ -181,7 +182,7 @@ def _recomputed(d: dict[str, Any]) -> str:
 
 def print_waits(waits: dict[str, float] | None) -> None:
     """What a plan's step waits for, where it waits at all (the time model's)."""
-    from autotune.report.plots import WAIT_ROWS
+    from autotune.report.timeview import WAIT_ROWS
 
     if not waits or not any(waits.values()):
         return

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.progress import Progress
-from autotune.units import byte_unit, format_bytes
+from autotune.report.facts import edge_lines, facts
+from autotune.units import byte_unit
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -22,9 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "batches_table",
-    "edge_saving",
     "methods_table",
-    "params_line",
     "trials_table",
     "write_report",
 ]
@@ -106,7 +105,7 @@ def trials_table(study: Any) -> pd.DataFrame | None:
 def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, Figure]:
     """Every plot the result supports, by file stem (`progress` is told the batch curve's
     sizes, then that the plots are being saved)."""
-    from autotune.report import plots
+    from autotune.report import plots, timeview
 
     bars = progress or Progress(False)
     out: dict[str, Figure] = {}
@@ -114,9 +113,9 @@ def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, 
         tuned.evaluation, tuned.baseline, tuned.budget.bytes, tuned.lower_bound_bytes
     )
     out["memory_timeline"] = plots.render_memory_timeline(timeline)
-    view = plots.time_view(tuned.evaluation, tuned.backward_op)
+    view = timeview.time_view(tuned.evaluation, tuned.backward_op)
     if view is not None and not tuned.fits_without_swapping:
-        out["time_view"] = plots.render_time_view(view)
+        out["time_view"] = timeview.render_time_view(view)
     if tuned.study is not None:
         out.update(plots.render_search(tuned.study))
     if tuned.batches is not None and tuned.steps is not None:
@@ -265,20 +264,20 @@ def _html(tuned: TuningResult, images: dict[str, Path]) -> str:
         caption = f"<p>{html.escape(CAPTIONS[name])}</p>" if name in CAPTIONS else ""
         return section(TITLES.get(name, name), f"<img src='data:image/png;base64,{data}'>{caption}")
 
-    facts = "".join(f"<li>{_inline(line[2:])}</li>" for line in _facts(tuned))
+    bullets = "".join(f"<li>{_inline(line[2:])}</li>" for line in facts(tuned))
     title, table = _headline(tuned)
     parts = [
         "<!doctype html><meta charset='utf-8'><title>Swap tuning report</title>",
         _STYLE,
         "<h1>Swap tuning report</h1>",
-        f"<div class='top'><ul>{facts}</ul><div>{section(title, table.to_html(index=False))}"
+        f"<div class='top'><ul>{bullets}</ul><div>{section(title, table.to_html(index=False))}"
         "</div></div>",
     ]
     (first, png), *rest = images.items()
     parts.append(image(first, png))
     parts += [section(t, df.to_html(index=False)) for t, df in _details(tuned)]
     parts += [image(name, png) for name, png in rest]
-    edges = _edges(tuned)
+    edges = edge_lines(tuned)
     if edges:
         items = "".join(f"<li>{_inline(line[2:])}</li>" for line in edges)
         parts.append(section(f"Order edges ({len(edges)})", f"<ul>{items}</ul>"))
@@ -314,7 +313,7 @@ def _markdown(tuned: TuningResult, images: dict[str, Path]) -> str:
         return [f"## {TITLES.get(name, name)}", "", f"![{name}]({png.name})", "", *caption]
 
     title, table = _headline(tuned)
-    lines = ["# Swap tuning report", "", *_facts(tuned), ""]
+    lines = ["# Swap tuning report", "", *facts(tuned), ""]
     lines += [f"## {title}", "", table.to_markdown(index=False), ""]
     (first, png), *rest = images.items()
     lines += image(first, png)
@@ -322,85 +321,7 @@ def _markdown(tuned: TuningResult, images: dict[str, Path]) -> str:
         lines += [f"## {title}", "", table.to_markdown(index=False), ""]
     for name, png in rest:
         lines += image(name, png)
-    edges = _edges(tuned)
+    edges = edge_lines(tuned)
     if edges:
         lines += [f"## Order edges ({len(edges)})", "", *edges, ""]
     return "\n".join(lines)
-
-
-def _edges(tuned: TuningResult) -> list[str]:
-    """One bullet per order edge of the plan: which op waits for which."""
-    return [f"- `{after}` waits for `{before}`" for before, after in tuned.plan.order_edges]
-
-
-def _facts(tuned: TuningResult) -> list[str]:
-    d = tuned.to_dict()
-    recomputed = f", {d['recomputed_tensors']} recomputed" if d["recomputed_tensors"] else ""
-    return [
-        f"- {d['device']}, batch {d['batch_size']}"
-        + (f", cube edge {d['cube']}" if "cube" in d else "")
-        + f"; budget {format_bytes(d['budget_bytes'])} "
-        f"({d['safety_ratio']:.2f} of {format_bytes(d['gpu_memory_bytes'])})",
-        f"- peak: no swapping {format_bytes(d['baseline_peak_bytes'])}, tuned "
-        f"{format_bytes(d['predicted_peak_bytes'])}, lower bound "
-        f"{format_bytes(d['lower_bound_bytes'])} (resident + largest op)",
-        f"- tuned: {d['swapped_tensors']} tensors swapped{recomputed}, overhead "
-        f"{_x(d['predicted_overhead'])}",
-        *_host_facts(d),
-        f"- parameters: `{params_line(d['params'])}` (all in summary.json)",
-        *_edge_facts(d),
-        f"- tuning {d['tuning_seconds']:.1f} s, tracing {d['trace_seconds']:.1f} s, "
-        f"{d['trials']} trials",
-    ]
-
-
-def _edge_facts(d: dict[str, Any]) -> list[str]:
-    """How many order edges the plan has and what they save in its simulated peak."""
-    edges = d["order_edges"]
-    if not edges:
-        return []
-    saved = edge_saving(d)
-    return [f"- order edges: {len(edges)}{'; ' + saved if saved else ''} (listed at the end)"]
-
-
-def edge_saving(d: dict[str, Any]) -> str:
-    """What the order edges save, from `peak_without_order_edges_bytes` ("" if unknown)."""
-    unordered = d.get("peak_without_order_edges_bytes")
-    if unordered is None:
-        return ""
-    more = unordered - d["predicted_peak_bytes"]
-    higher = f"{format_bytes(more)} higher" if more > 0 else "no higher"
-    return f"without them the same parameters peak {higher}"
-
-
-def _host_facts(d: dict[str, Any]) -> list[str]:
-    """The host peak against the host limit, and what limited the largest batch."""
-    limit, by = d.get("host_memory_bytes"), d.get("max_batch_limited_by")
-    allowed = format_bytes(limit) if limit else "no limit"
-    facts = [f"- host peak: {format_bytes(d['predicted_host_peak_bytes'])} of {allowed} allowed"]
-    return facts + ([f"- largest batch limited by {by}"] if by else [])
-
-
-def _x(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}x"
-
-
-def params_line(params: dict[str, Any]) -> str:
-    """The plan's parameters as `name=value` pairs, sizes in units, those left at their
-    defaults (off, none, zero) left out; the full set is in --json and summary.json."""
-    from simulator.derive import PlanParams
-    from simulator.params import PARAMS
-
-    default = PlanParams().to_dict()
-    sizes = {p.name for p in PARAMS if p.size}
-    kept = {"n_tensors", "lb", "ub"} | (
-        {"recompute_ops"} if params.get("recompute") != "none" else set()
-    )
-    shown = []
-    for k, v in params.items():
-        if v == [] or (v == default.get(k) and k not in kept):
-            continue
-        if k in sizes and isinstance(v, int) and v:
-            v = format_bytes(v)
-        shown.append(f"{k}={'all' if k == 'n_tensors' and v == -1 else v}")
-    return " ".join(shown)

@@ -289,23 +289,6 @@ def test_an_error_in_the_users_model_file_is_theirs_in_one_line(tmp_path) -> Non
     _one_line_error(out, "your code raised ZeroDivisionError: division by zero")
 
 
-def test_the_tuned_parameters_print_as_pairs_with_units() -> None:
-    from dataclasses import replace
-
-    from autotune.report.write import params_line as _params_line
-    from simulator.derive import PlanParams
-
-    p = replace(
-        PlanParams(), ub=1, sync_out=True, recompute="cheap", prefetch_bytes=3 << 30, limit=5 << 29
-    )
-    line = _params_line(p.to_dict())
-    assert line.split() == [
-        "n_tensors=all", "lb=1", "ub=1", "sync_out=True", "recompute=cheap", "recompute_ops=5",
-        "prefetch_bytes=3.00", "GiB", "limit=2.50", "GiB",
-    ]  # fmt: skip
-    assert "threshold" not in line and "[]" not in line  # defaults and empty lists left out
-
-
 def test_every_plan_parameter_is_an_option_read_into_its_field() -> None:
     import argparse
 

@@ -1,46 +1,13 @@
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from autotune.report.write import _facts
-
-SUMMARY = Path(__file__).parents[2] / "results" / "report_resnet50" / "summary.json"
-
-
-class _Tuned:
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.d = d
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.d
-
-
-def test_facts_count_the_order_edges_and_leave_the_list_to_the_end() -> None:
-    d = json.loads(SUMMARY.read_text())
-    edges = [["a/before", "b/after"], ["c/before", "d/after"]]
-    d["peak_without_order_edges_bytes"] = None  # what they save is the next test's
-    facts = _facts(_Tuned({**d, "order_edges": edges}))  # type: ignore[arg-type]
-    assert "- order edges: 2 (listed at the end)" in facts
-    assert not any("waits for" in f for f in facts)
-    assert not any("order edge" in f for f in _facts(_Tuned({**d, "order_edges": []})))  # type: ignore[arg-type]
 
 
 def test_inline_code_shows_as_code_in_html() -> None:
     from autotune.report.write import _inline
 
     assert _inline("`a/b` waits for `c<d`") == "<code>a/b</code> waits for <code>c&lt;d</code>"
-
-
-def test_facts_say_what_the_order_edges_save() -> None:
-    d = json.loads(SUMMARY.read_text())
-    edges = [["a/before", "b/after"]]
-    unordered = d["predicted_peak_bytes"] + (3 << 20)
-    tuned = _Tuned({**d, "order_edges": edges, "peak_without_order_edges_bytes": unordered})
-    facts = _facts(tuned)  # type: ignore[arg-type]
-    saved = "without them the same parameters peak 3.00 MiB higher"
-    assert f"- order edges: 1; {saved} (listed at the end)" in facts
 
 
 @pytest.mark.tf
