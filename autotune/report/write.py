@@ -118,13 +118,13 @@ def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, 
         out["time_view"] = timeview.render_time_view(view)
     if tuned.study is not None:
         out.update(plots.render_search(tuned.study))
-    if tuned.batches is not None and tuned.steps is not None:
+    maxima = _curve_maxima(tuned)
+    if maxima is not None:
         curve = plots.batch_curve(
             tuned.steps.engine,
             tuned.params,
             tuned.budget.bytes,
-            tuned.batches["no swapping"].batch,
-            tuned.batches["ours"].batch,
+            *maxima,
             on_point=lambda b: bars.stage(f"peak against size: {b}"),
         )
         out["batch_curve"] = plots.render_batch_curve(curve)
@@ -139,8 +139,11 @@ def write_report(tuned: TuningResult, directory: Path, progress: Progress | None
     shows its stages (the batch curve's sizes, the plots, the files)."""
     import matplotlib.pyplot as plt
 
+    from autotune.report import plots
+
     bars = progress or Progress(False)
-    bars.expect(len(_curve_grid(tuned)) + 2)
+    maxima = _curve_maxima(tuned)
+    bars.expect((len(plots.batch_grid(*maxima)) if maxima else 0) + 2)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "summary.json").write_text(json.dumps(tuned.to_dict(), indent=1) + "\n")
     tuned.save_plan(directory / "plan.json")
@@ -160,13 +163,12 @@ def write_report(tuned: TuningResult, directory: Path, progress: Progress | None
     return path
 
 
-def _curve_grid(tuned: TuningResult) -> list[int]:
-    """The sizes of the report's batch curve (none without a largest-batch search)."""
-    from autotune.report.plots import batch_grid
-
+def _curve_maxima(tuned: TuningResult) -> tuple[int, int] | None:
+    """The largest sizes without swapping and tuned, between which the report's batch curve
+    runs (None without a largest-batch search)."""
     if tuned.batches is None or tuned.steps is None:
-        return []
-    return batch_grid(tuned.batches["no swapping"].batch, tuned.batches["ours"].batch)
+        return None
+    return tuned.batches["no swapping"].batch, tuned.batches["ours"].batch
 
 
 TITLES = {
