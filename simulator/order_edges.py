@@ -33,9 +33,9 @@ held until the gradient reaches them; deferred, they run when it does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 
-from simulator.graph import Graph, GraphError
+from simulator.graph import Graph, GraphError, TensorKind
 from simulator.memory import SimResult
 from simulator.order import Order
 
@@ -90,61 +90,41 @@ def find_order_edges(
 
 
 def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
-    """Edges `(source, op)` for each op with device outputs that reads only buffers held from
-    the start of the step: `source` is the latest (in `order`) other input of its first
-    reader, when it comes later than the op. See the module's docstring. No edge touches an op
-    Grappler rewrote in the original step (`Graph.rewritten`).
-
-    Each deferred op takes the place right after its source in `order`; an op whose input is
-    made by an op deferred past that place stays where it is. Every edge then runs forward in
-    the new order (the source precedes every reader of the op), so the edges make no cycle.
-    """
-    pos = order.position
-    at: dict[str, float] = {}  # a deferred op's place: after its source, in the original order
-    out: list[Edge] = []
-    fixed = graph.rewritten
-    for name in order.ops:
-        op = graph.ops[name]
-        if name in fixed:
-            continue
-        made = [graph.tensors[t] for j, t in enumerate(op.outputs) if j not in op.forwards]
-        if not op.inputs or not any(t.nbytes and t.kind.on_device for t in made):
-            continue
-        if any(graph.tensors[graph.buffer_root(t)].kind.on_device for t in op.inputs):
-            continue
-        readers = [c for t in op.outputs for c in graph.tensors[t].consumers]
-        if not readers:
-            continue
-        first = min(readers, key=pos.__getitem__)
-        others = (p for p in graph.predecessors(first) if p != name and p not in fixed)
-        source = max(others, key=pos.__getitem__, default=None)
-        if source is None or pos[source] < pos[name]:
-            continue
-        place = pos[source] + 0.5 + pos[name] / (2 * len(pos))
-        if all(at.get(p, pos[p]) < place for p in graph.predecessors(name)):
-            at[name] = place
-            out.append((source, name))
-    return tuple(out)
+    """Edges `(source, op)` that make each op ready when the step starts (`_early`) with
+    device outputs wait until its output is needed: `source` is the latest other input of the
+    first op its outputs reach that is not ready then (the op's deadline, `_deadline_edges`).
+    A chain made from variables alone, such as a dropout's random numbers and mask, made from
+    its seed generator's state, thus runs where the layer does. See the module's docstring.
+    No edge touches an op Grappler rewrote in the original step (`Graph.rewritten`)."""
+    early = _early(graph, order)
+    return _deadline_edges(graph, order, early, lambda name: _makes_device_bytes(graph, name))
 
 
 def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[Edge, ...]:
     """Edges `(source, op)` for each op of `feeders` (ops whose outputs only the backward
-    pass reads, computed from forward tensors): `source` is the latest non-feeder input of
-    the first non-feeder op the feeder's outputs reach, when it comes later than the op. No
-    edge touches an op Grappler rewrote in the original step (`Graph.rewritten`).
+    pass reads, computed from forward tensors), to the first non-feeder op its outputs reach
+    (`_deadline_edges`). No edge touches an op Grappler rewrote in the original step."""
+    return _deadline_edges(graph, order, feeders, lambda name: True)
 
-    No cycle: a feeder reaches a non-feeder only through feeders, at that first op or later,
-    and its source precedes that op; so along any cycle the non-feeders' positions in `order`
-    would have to grow forever."""
+
+def _deadline_edges(
+    graph: Graph, order: Order, movable: Set[str], emit: Callable[[str], bool]
+) -> tuple[Edge, ...]:
+    """Edges `(source, op)` for each op of `movable` that `emit` accepts: its deadline is the
+    first op (in `order`) not in `movable` that it reaches, by data or control edges, through
+    ops of `movable`; `source` is the latest other input of the deadline, when it comes later
+    than the op (`_latest_input`). Neither end is an op of `Graph.rewritten`.
+
+    No cycle: give a movable op the position of its deadline and any other op its own. Every
+    edge of the graph leads to an op of no lower position (a movable op's deadline is the
+    least of its successors'), and every new edge to a higher one (a source precedes its
+    deadline), so a cycle would have to stay at one position along edges of the graph alone.
+    """
     pos = order.position
     deadline: dict[str, str] = {}
     for name in reversed(order.ops):
-        if name in feeders:
-            ends = [
-                deadline.get(c) if c in feeders else c
-                for t in graph.ops[name].outputs
-                for c in graph.tensors[t].consumers
-            ]
+        if name in movable:
+            ends = [deadline.get(c) if c in movable else c for c in graph.successors(name)]
             known = [e for e in ends if e is not None]
             if known:
                 deadline[name] = min(known, key=pos.__getitem__)
@@ -152,13 +132,53 @@ def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[E
     fixed = graph.rewritten
     for name in order.ops:
         end = deadline.get(name)
-        if end is None or name in fixed:
+        if end is None or name in fixed or not emit(name):
             continue
-        others = [p for p in graph.predecessors(end) if p not in feeders and p not in fixed]
-        source = max(others, key=pos.__getitem__, default=None)
+        source = _latest_input(graph, end, movable, pos)
         if source is not None and pos[source] > pos[name]:
             out.append((source, name))
     return tuple(out)
+
+
+def _latest_input(graph: Graph, op: str, movable: Set[str], pos: Mapping[str, int]) -> str | None:
+    """The latest (in `pos`) predecessor of `op` outside `movable` that an edge may leave:
+    where that is an op of `Graph.rewritten` (gone from the step TensorFlow runs), the
+    latest of its own predecessors instead, and so on up."""
+    fixed = graph.rewritten
+    found: str | None = None
+    seen: set[str] = set()
+    stack = [p for p in graph.predecessors(op) if p not in movable]
+    while stack:
+        p = stack.pop()
+        if p in seen or (found is not None and pos[p] <= pos[found]):
+            continue
+        seen.add(p)
+        if p not in fixed:
+            found = p
+        else:
+            stack += [q for q in graph.predecessors(p) if q not in movable]
+    return found
+
+
+def _early(graph: Graph, order: Order) -> frozenset[str]:
+    """The ops ready when the step starts that are made from variables and constants alone:
+    their predecessors are all such ops (an op with none is one) and they read none of the
+    step's inputs (what those are read into is the step's own flow)."""
+    early: set[str] = set()
+    for name in order.ops:
+        if any(p not in early for p in graph.predecessors(name)):
+            continue
+        inputs = (graph.tensors[graph.buffer_root(t)] for t in graph.ops[name].inputs)
+        if all(t.kind is not TensorKind.INPUT for t in inputs):
+            early.add(name)
+    return frozenset(early)
+
+
+def _makes_device_bytes(graph: Graph, name: str) -> bool:
+    """Whether op `name` reads anything and makes bytes on the device (not a view)."""
+    op = graph.ops[name]
+    made = [graph.tensors[t] for j, t in enumerate(op.outputs) if j not in op.forwards]
+    return bool(op.inputs) and any(t.nbytes and t.kind.on_device for t in made)
 
 
 def grouped(edge: Edge, together: Mapping[str, tuple[str, ...]]) -> tuple[Edge, ...]:

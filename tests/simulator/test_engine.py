@@ -90,11 +90,12 @@ def test_serialize_keeps_deferral_edges_that_lower_the_peak() -> None:
 
 
 def test_serialize_drops_deferral_edges_that_raise_the_peak() -> None:
-    # `spike` reads only the input and makes a large output nobody reads: run at the start it
-    # holds it alone for a moment; deferred to its reader, next to `a` and `b`
+    # `spike` reads only a variable and makes a large output nobody reads: run at the start
+    # it holds it alone for a moment; deferred to its reader, next to `a` and `b`
     g = Graph("spike")
     x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
-    spike = add(g, "spike", x, [1 << 16, 16])
+    w = add(g, "w", [], 256, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    spike = add(g, "spike", w, [1 << 16, 16])
     a = add(g, "a", x, 1 << 15)
     b = add(g, "b", a, 1 << 15)
     r = add(g, "r", spike[1:] + b, 16)

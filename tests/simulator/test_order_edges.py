@@ -150,6 +150,69 @@ def test_an_op_made_from_held_buffers_waits_for_its_readers_other_input() -> Non
     assert result.peak_bytes - lower.peak_bytes == 4096
 
 
+def dropout_chain(layers: int = 3, depth: int = 4) -> Graph:
+    """A forward chain of `layers` layers of `depth` ops, each layer with a dropout: its seed
+    is read from a seed generator's state (then advanced, by a control edge to the next
+    read), its 4 KiB random numbers are made from the seed and its 1 KiB mask from those;
+    only the layer's select, with the layer's output, reads the mask. All but the layers and
+    the selects are ready at the start."""
+    g = Graph("dropout_chain")
+    h = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+    state = add(g, "state", [], 8, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    advanced: list[str] = []
+    for i in range(layers):
+        seed = add(g, f"seed{i}", state, 8, control=advanced)
+        add(g, f"advance{i}", state + seed, [], control=[f"seed{i}"])
+        advanced = [f"advance{i}"]
+        mask = add(g, f"mask{i}", add(g, f"random{i}", seed, 4096), 1024)
+        for k in range(depth):
+            h = add(g, f"layer{i}_{k}", h, 1024)
+        h = add(g, f"select{i}", mask + h, 1024)
+    g.mark_outputs(h)
+    return g
+
+
+def test_what_is_made_from_variables_alone_waits_for_the_layer_that_reads_it() -> None:
+    g = dropout_chain()
+    result, order = live_peak(g)
+    assert order.position["mask2"] < order.position["layer1_3"]  # made early, held meanwhile
+    edges = deferral_edges(g, order)
+    for op in ("random", "mask"):
+        assert ("layer1_3", f"{op}1") in edges and ("layer2_3", f"{op}2") in edges
+    lower, later = live_peak(g.with_control_edges(edges))
+    for i in range(3):
+        assert later.position[f"layer{i}_3"] < later.position[f"random{i}"]
+    assert lower.peak_bytes < result.peak_bytes
+
+
+def test_past_an_op_grappler_rewrote_the_wait_is_for_its_own_input() -> None:
+    g = dropout_chain()
+    g.rewritten = frozenset({"layer1_3"})  # gone from the step TensorFlow runs
+    edges = deferral_edges(g, live_peak(g)[1])
+    assert ("layer1_2", "random1") in edges
+    assert not any("layer1_3" in e for e in edges)
+
+
+def test_a_control_chain_of_early_ops_read_out_of_order_makes_no_cycle() -> None:
+    # the layers read the seeds backwards: seed2 (read last) feeds the first layer, so the
+    # first read waits for the later layers' deadlines through the control chain
+    g = Graph("reversed_seeds")
+    h = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+    state = add(g, "state", [], 8, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    seeds, advanced = [], []
+    for i in range(3):
+        seeds.append(add(g, f"seed{i}", state, 4096, control=advanced))
+        add(g, f"advance{i}", state + seeds[-1], [], control=[f"seed{i}"])
+        advanced = [f"advance{i}"]
+    for i in range(3):
+        h = add(g, f"use{i}", seeds[2 - i] + add(g, f"layer{i}", h, 1024), 1024)
+    g.mark_outputs(h)
+    edges = deferral_edges(g, live_peak(g)[1])
+    # by data alone seed0 would wait for layer2, and seed2 (after it) would hold up use0
+    assert edges == (("layer0", "seed0"),)
+    categorized_order(g.with_control_edges(edges))  # raises GraphError on a cycle
+
+
 def test_an_op_is_deferred_only_up_to_its_first_reader() -> None:
     g = Graph("two_readers")
     x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
