@@ -81,8 +81,9 @@ _PASS = frozenset({"Identity", "IdentityN", "StopGradient", "Snapshot"})
 class _Values:
     """The value of each tensor of a GraphDef (built inputs first) against its optimized
     form `kept`: a node's twin is the first node of the same op, attributes and input values
-    (Grappler's deduplication keeps one); an Identity passes its input on, and so does a
-    node Grappler removed that had one non-constant input (a no-op Reshape)."""
+    (Grappler's deduplication keeps one), but for an argument or an op with state
+    (`_distinct`); an Identity passes its input on, and so does a node Grappler removed that
+    had one non-constant input (a no-op Reshape)."""
 
     def __init__(self, nodes: list[Any], kept: dict[str, Any]) -> None:
         self.kept = kept
@@ -94,6 +95,8 @@ class _Values:
             data = [i for i in node.input if not i.startswith("^")]
             attrs = tuple(sorted((k, v.SerializeToString()) for k, v in node.attr.items()))
             key = (node.op, attrs, tuple(self.value(i) for i in data))
+            if _distinct(node):  # an argument, or an op with state: never one of a pair
+                key += (node.name,)
             self.twin[node.name] = first.setdefault(key, node.name)
             variable = [i for i in data if i.split(":")[0] not in consts]
             gone = self.twin[node.name] not in kept and node.name not in kept
@@ -119,6 +122,16 @@ class _Values:
 
     def _computed(self, name: str) -> bool:
         return name in self.kept and self.kept[name].op != "Const"
+
+
+def _distinct(node: Any) -> bool:
+    """Whether `node` is a value of its own whatever its attributes and inputs: an argument
+    of the step (each variable's handle is one) or an op with state, which Grappler never
+    merges with its like (two reads of one variable may see different values)."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(node.op)
+    return node.op == "Placeholder" or bool(op_def and op_def.is_stateful)
 
 
 def _retype_for_import(graph_def: Any) -> bool:

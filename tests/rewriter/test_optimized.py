@@ -115,3 +115,21 @@ def test_the_capture_sees_the_variables_shapes_as_a_running_step_does() -> None:
     assert residual <= graph.rewritten
     feeding = {graph.tensors[t].producer for n in residual for t in graph.ops[n].inputs}
     assert any(n.endswith("batchnorm/add_1") for n in feeding & graph.rewritten)
+
+
+def test_reads_of_two_variables_are_two_values_when_grappler_regroups_their_products() -> None:
+    from rewriter.capture import capture_function
+
+    a, b, rate = tf.Variable(tf.ones([8])), tf.Variable(tf.ones([8])), tf.Variable(0.5)
+
+    @tf.function
+    def step(x: tf.Tensor) -> tf.Tensor:
+        # weight decay as AdamW writes it, (v * c) * rate, which Grappler regroups as
+        # v * (c * rate) for each variable: the reads of a and b are not one value
+        a.assign_sub((a * 0.01) * rate)
+        b.assign_sub((b * 0.01) * rate)
+        return x + 1.0
+
+    graph = capture_function(step, tf.TensorSpec([8])).graph
+    short = {name.split("/")[-1] for name in graph.rewritten}
+    assert {"mul", "mul_1", "mul_2", "mul_3"} <= short
