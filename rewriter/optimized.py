@@ -94,9 +94,8 @@ class _Values:
         for node in nodes:
             data = [i for i in node.input if not i.startswith("^")]
             attrs = tuple(sorted((k, v.SerializeToString()) for k, v in node.attr.items()))
-            key = (node.op, attrs, tuple(self.value(i) for i in data))
-            if _distinct(node):  # an argument, or an op with state: never one of a pair
-                key += (node.name,)
+            own = node.name if _distinct(node) else ""  # an argument, or an op with state
+            key = (node.op, attrs, tuple(self.value(i) for i in data), own)
             self.twin[node.name] = first.setdefault(key, node.name)
             variable = [i for i in data if i.split(":")[0] not in consts]
             gone = self.twin[node.name] not in kept and node.name not in kept
