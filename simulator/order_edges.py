@@ -17,13 +17,14 @@ large live buffers, it tries two kinds:
 It keeps the edge that lowers the simulated peak most, and repeats until no edge lowers it.
 On ResNet-50 at batch 1000, the least-memory plan's peak goes from 24.9 GiB to 12.9 GiB.
 
-`deferral_edges` are found without a search. An op that reads only what the step holds from
-its start (variables, constants, its inputs) is ready when the step starts, and TensorFlow's
-executor runs it then; its output is held until its reader's other inputs are made. An
-optimizer's terms such as `momentum * velocity` are such ops: in ResNet-50's step with SGD and
-momentum, 98 MiB of them are made at the start of the step and read only by the updates at its
-end. The edge (the reader's last other input, the op) makes each when it is needed: at batch
-1131 on v100-16gb-nvlink2 the least-memory plan's peak goes from 14.55 GiB to 14.45 GiB.
+`deferral_edges` are found without a search. An op made from variables and constants alone
+(directly or through other such ops) is ready when the step starts, and TensorFlow's executor
+runs it then; its output is held until the first op it reaches that is not such an op runs.
+An optimizer's terms such as `momentum * velocity` are such ops: in ResNet-50's step with SGD
+and momentum, 98 MiB of them are made at the start of the step and read only by the updates at
+its end. So are a Keras dropout's random numbers and mask, made from its seed generator's
+state. The edge (the latest other input of that first op, the op) makes each when it is
+needed (the figures are in docs/method.md).
 
 `feeder_edges` defer the same way the ops that compute, from forward tensors alone, what only
 the backward pass reads: a custom gradient's recomputation (Keras' swish recomputes its
