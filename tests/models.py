@@ -64,3 +64,20 @@ def gelu_block(tokens: int = 64):  # type: ignore[no-untyped-def]
     out = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return ZooModel(keras.Model(inp, out), loss, keras.optimizers.AdamW(1e-3))
+
+
+def dropout_mlp(tokens: int = 16):  # type: ignore[no-untyped-def]
+    """A residual MLP block with two dropouts and AdamW: each dropout makes its random numbers
+    and mask from its seed generator's state (ready when the step starts)."""
+    import keras
+    from keras import layers
+
+    from autotune.zoo import ZooModel
+
+    keras.utils.set_random_seed(0)
+    x = inp = keras.Input((tokens, 32))
+    h = layers.Dropout(0.1)(layers.Dense(128, activation="relu")(x))
+    x = x + layers.Dropout(0.1)(layers.Dense(32)(h))
+    out = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.AdamW(1e-3))

@@ -144,6 +144,28 @@ def test_the_gpu_form_of_an_exact_gelu_block_trains_bitwise(params: PlanParams) 
         assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
 
 
+def test_deferred_dropout_chains_and_weight_decay_train_bitwise() -> None:
+    # the order edges defer each dropout's random numbers and mask, made from its seed
+    # generator's state, to its layer (with AdamW, whose regrouped products they keep off)
+    from tests.models import dropout_mlp
+
+    a, b = dropout_mlp(), dropout_mlp()
+    cap_a = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=16)
+    cap_b = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=16)
+    params = PlanParams(n_tensors=0, serialize=True)
+    plan = Engine.build(cap_b.graph).evaluate(params, allocator=False, timed=False).plan
+    deferred = {after for _, after in plan.order_edges}
+    assert any(cap_b.graph.ops[n].type.startswith("StatelessRandom") for n in deferred)
+    tuned = apply_plan(cap_b, plan)
+    inputs = example_tensors(cap_a.specs, seed=7)
+    cap_a.concrete_function(*inputs)
+    tuned(*inputs)
+    state_a = [*a.model.weights, *a.optimizer.variables]
+    state_b = [*b.model.weights, *b.optimizer.variables]
+    for va, vb in zip(state_a, state_b, strict=True):
+        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+
+
 def test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only() -> None:
     # measured: swapping tiny-unet3d's two 3-D poolings changed its first level's weights and
     # momenta by up to 2e-7 after one step (bitwise equal without them)

@@ -195,7 +195,7 @@ def test_past_an_op_grappler_rewrote_the_wait_is_for_its_own_input() -> None:
 
 def test_a_control_chain_of_early_ops_read_out_of_order_makes_no_cycle() -> None:
     # the layers read the seeds backwards: seed2 (read last) feeds the first layer, so the
-    # first read waits for the later layers' deadlines through the control chain
+    # first read's deadline is use0, which it reaches through the control chain to seed2
     g = Graph("reversed_seeds")
     h = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
     state = add(g, "state", [], 8, type="VarHandleOp", kind=TensorKind.VARIABLE)
