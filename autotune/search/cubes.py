@@ -80,6 +80,9 @@ def fit_max_cube(
         name=name, objectives=objectives, batch_size=batch_size, progress=bars,
         recompute=recompute,
     )  # fmt: skip
+    ours = searches["ours"]
+    if ours.outcome is not None and "ours" in tuned.outcomes:  # ours there: the tuning's
+        searches["ours"] = replace(ours, outcome=tuned.outcomes["ours"])
     tuned.batches = {m: _in_edges(s, cube_step) for m, s in searches.items()}
     tuned.cube_step = cube_step
     tuned.trace_seconds = steps.trace_seconds  # every edge's capture, the tuned one's too

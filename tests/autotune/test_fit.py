@@ -225,3 +225,21 @@ def test_the_search_recomputes_as_the_mode_allows(mode: str, tmp_path) -> None: 
     if mode == "search":  # recompute only is one of its warm starts
         assert d["predicted_overhead"] <= only["overhead"]
     assert d["baseline_step_seconds"] <= d["time_bound_seconds"] <= d["predicted_step_seconds"]
+
+
+def test_max_cube_shows_ours_as_tuned_at_its_edge(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the largest-edge table printed ours' first plan that fit during the search (2.826x on
+    # the Isensee U-Net) beside the tuned plan (2.098x): it shows the tuned one
+    from autotune.search.core import Budget
+    from autotune.search.cubes import fit_max_cube
+    from autotune.zoo import get_entry
+    from simulator import get_preset
+
+    entry = get_entry("tiny-unet3d")
+    tuned = fit_max_cube(
+        lambda edge: entry.build(cube=edge), entry.cube_step, get_preset("v100-16gb-nvlink2"),
+        Budget(40 * 2**20), trials=4, out=tmp_path,
+    )  # fmt: skip
+    shown = tuned.batches["ours"].outcome
+    assert shown is tuned.outcomes["ours"] and shown.best is not None
+    assert shown.evaluations == 4  # the tuning ran every trial
