@@ -135,6 +135,12 @@ def test_the_gpu_form_of_an_exact_gelu_block_trains_bitwise(params: PlanParams) 
     assert any("Gelu/Erfc" in s.tensor for s in plan.swaps)
     devices = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
     tuned = apply_plan(cap_b, plan, mode="device", **devices)
+    _assert_one_step_bitwise(a, cap_a, b, tuned)
+
+
+def _assert_one_step_bitwise(a, cap_a, b, tuned) -> None:  # type: ignore[no-untyped-def]
+    """One step of the original (`a`, captured as `cap_a`) and of its twin `b`'s tuned step
+    leave every weight and optimizer variable bitwise equal."""
     inputs = example_tensors(cap_a.specs, seed=7)
     cap_a.concrete_function(*inputs)
     tuned(*inputs)
@@ -157,13 +163,7 @@ def test_deferred_dropout_chains_and_weight_decay_train_bitwise() -> None:
     deferred = {after for _, after in plan.order_edges}
     assert any(cap_b.graph.ops[n].type.startswith("StatelessRandom") for n in deferred)
     tuned = apply_plan(cap_b, plan)
-    inputs = example_tensors(cap_a.specs, seed=7)
-    cap_a.concrete_function(*inputs)
-    tuned(*inputs)
-    state_a = [*a.model.weights, *a.optimizer.variables]
-    state_b = [*b.model.weights, *b.optimizer.variables]
-    for va, vb in zip(state_a, state_b, strict=True):
-        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+    _assert_one_step_bitwise(a, cap_a, b, tuned)
 
 
 def test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only() -> None:
