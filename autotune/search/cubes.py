@@ -18,7 +18,7 @@ from typing import Any
 from autotune.progress import Progress
 from autotune.search.batching import BatchSearch, CapturedSteps, largest_batches
 from autotune.search.core import Budget
-from autotune.search.result import NoFitError, TuningResult
+from autotune.search.result import NoFitError, TuningResult, with_tuned_ours
 from autotune.search.studies import default_storage, study_name
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
@@ -80,10 +80,8 @@ def fit_max_cube(
         name=name, objectives=objectives, batch_size=batch_size, progress=bars,
         recompute=recompute,
     )  # fmt: skip
-    ours = searches["ours"]
-    if ours.outcome is not None and "ours" in tuned.outcomes:  # ours there: the tuning's
-        searches["ours"] = replace(ours, outcome=tuned.outcomes["ours"])
-    tuned.batches = {m: _in_edges(s, cube_step) for m, s in searches.items()}
+    shown = with_tuned_ours(searches, tuned.outcomes.get("ours"))
+    tuned.batches = {m: _in_edges(s, cube_step) for m, s in shown.items()}
     tuned.cube_step = cube_step
     tuned.trace_seconds = steps.trace_seconds  # every edge's capture, the tuned one's too
     return tuned.check_fits()

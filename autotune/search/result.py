@@ -3,7 +3,8 @@ figures, beside the tuned step it hands calls to (`autotune.search.tuned.Trainin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from simulator.engine import Evaluation
 from simulator.errors import UserError
 from simulator.params import PlanParams
 
-__all__ = ["BudgetError", "NoFitError", "TunedGraph", "TuningResult", "pareto_front"]
+__all__ = [
+    "BudgetError",
+    "NoFitError",
+    "TunedGraph",
+    "TuningResult",
+    "pareto_front",
+    "with_tuned_ours",
+]
 
 
 class BudgetError(UserError):
@@ -232,3 +240,18 @@ def pareto_front(study: Any) -> list[dict[str, Any]]:
         }
         for t in sorted(study.best_trials, key=lambda t: t.user_attrs["peak_bytes"])
     ]
+
+
+def with_tuned_ours(
+    searches: dict[str, BatchSearch],
+    tuned: Outcome | None,
+    fallback: Callable[[], Outcome] | None = None,
+) -> dict[str, BatchSearch]:
+    """`searches` with ours' outcome at its size, that of a probe which stopped at its first
+    plan that fits, replaced by the tuning's there (`tuned`; else `fallback()`'s, if given),
+    so that a table of the methods shows the plan the user gets."""
+    ours = searches["ours"]
+    full = tuned or (fallback() if fallback and ours.outcome is not None else None)
+    if ours.outcome is None or full is None:
+        return searches
+    return {**searches, "ours": replace(ours, outcome=full)}

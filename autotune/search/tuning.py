@@ -36,7 +36,13 @@ from autotune.search.core import (
     check_recompute,
     run_study,
 )
-from autotune.search.result import BudgetError, NoFitError, TunedGraph, TuningResult
+from autotune.search.result import (
+    BudgetError,
+    NoFitError,
+    TunedGraph,
+    TuningResult,
+    with_tuned_ours,
+)
 from autotune.search.steps import leading_dim, model_name, step_capturer
 from autotune.search.studies import default_storage, open_study, study_name
 from autotune.search.tuned import TrainingStep
@@ -354,13 +360,11 @@ def _fit_max_batch(
         None, engine, budget, name=name, batch_size=best, progress=bars,
         later=lambda: capture_at(best), **opts,
     )  # fmt: skip
-    ours = batches["ours"]
-    if ours.outcome is not None:  # its full outcome at its batch: the tuning's
-        full = tuned.outcomes.get("ours") or method_at(
-            steps, "ours", ours.batch, budget, trials, seed, recompute=recompute
-        )
-        batches["ours"] = replace(ours, outcome=full)
-    tuned.batches = batches
+    tuned.batches = with_tuned_ours(
+        batches,
+        tuned.outcomes.get("ours"),
+        lambda: method_at(steps, "ours", best, budget, trials, seed, recompute=recompute),
+    )
     tuned.steps = steps
     tuned.trace_seconds += steps.trace_seconds
     tuned.training.retuner = Retuner(
