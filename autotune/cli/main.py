@@ -7,6 +7,7 @@ a bug in the tool: one line that says so and where, exit code 1 (`--debug` shows
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -309,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command != "models":
             _import_tensorflow_quietly()
+            # TensorFlow's millions of objects live as long as the process: kept out of the
+            # collector's full passes, which the search's many small tuples trigger
+            gc.freeze()
         return int(args.func(args))
     except KeyboardInterrupt:
         close_bars()

@@ -11,6 +11,7 @@ trials.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -99,6 +100,7 @@ def _work(payload: bytes, messages: Any) -> None:
 
     try:
         steps, method, search = pickle.loads(payload)
+        gc.freeze()  # the modules and the step live as long as the worker (see the CLI's main)
         found = largest_batch(
             steps, method, on_probe=lambda m, b: messages.put(("probe", m, b)), **search
         )
