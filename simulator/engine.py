@@ -129,6 +129,7 @@ class Engine:
         shared: dict[str, Any] | None = None,
         lower_bound: int | None = None,
         like: Engine | None = None,
+        resized: Engine | None = None,
     ) -> Engine:
         """Lower `graph`; with `cost` (per-op seconds) the time model is on. A cost model that
         gives no op any time (Grappler's resolution is a microsecond, so a tiny step can cost
@@ -136,10 +137,13 @@ class Engine:
         An `order` given (a recorded schedule) is kept: such an engine is never serialized.
         `lower_bound` saves its computation when it is known (it does not depend on order);
         `like`, an engine of this graph without some of its control edges, saves what follows
-        data edges alone (`PlanContext.build`) and what each op places (`compile_program`)."""
-        levels = categorized_order(graph)
+        data edges alone (`PlanContext.build`) and what each op places (`compile_program`);
+        `resized`, an engine of this graph at other sizes (its ops and edges), saves the levels
+        and what follows data edges alone."""
+        same = like or resized
+        levels = resized.context.order if resized else categorized_order(graph)
         walk = order or levels
-        context = PlanContext.build(graph, levels, like=like.context if like else None)
+        context = PlanContext.build(graph, levels, like=same.context if same else None)
         timeline = Timeline.build(walk, cost) if cost and any(cost.values()) else None
         program = compile_program(graph, walk, like=like.program if like else None)
         bound = lower_bound_bytes(graph) if lower_bound is None else lower_bound

@@ -121,6 +121,7 @@ class StepFamily:
                 cost=cost,
                 shared=self._shared,
                 lower_bound=self.lower_bound(batch),
+                resized=next(iter(self._engines.values()), None),
             )
         return self._engines[batch]
 

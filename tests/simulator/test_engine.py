@@ -189,3 +189,20 @@ def test_replicas_sharing_one_link_each_swap_at_their_share_of_it() -> None:
     assert times[0] is not None and times[1] is not None
     # the step waits for the swap both ways: 1 s each alone, 4 s each on a quarter of the link
     assert abs(times[0] - 2) < 0.01 and abs(times[1] - 8) < 0.01
+
+
+def test_an_engine_built_from_one_at_other_sizes_is_the_engine_built_alone() -> None:
+    """`resized` takes over the levels and what follows data edges, which sizes do not move:
+    the engine, its candidates and its plans are those of an engine built from nothing."""
+    small = Engine.build(held_gradient())
+    g = held_gradient()
+    for t in g.tensors.values():
+        if not t.kind.resident:
+            t.nbytes *= 3
+    alone, resized = Engine.build(g), Engine.build(g, resized=small)
+    assert resized.order is small.order and resized.context.order is small.context.order
+    assert resized.context.candidates == alone.context.candidates
+    assert resized.lower_bound == alone.lower_bound > small.lower_bound
+    for params in (PlanParams(), PlanParams(n_tensors=-1, sync_out=True, backward_swaps=True)):
+        a, r = alone.evaluate(params), resized.evaluate(params)
+        assert a.plan == r.plan and a.result.peak_bytes == r.result.peak_bytes
