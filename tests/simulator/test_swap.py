@@ -5,11 +5,13 @@ import pytest
 
 from simulator import (
     BFCModel,
+    Graph,
     InvalidPlan,
     Link,
     Swap,
     SwapIn,
     SwapPlan,
+    TensorKind,
     Timeline,
     compile_program,
     simulate_memory,
@@ -353,3 +355,29 @@ def test_a_regrouped_product_takes_over_no_swapped_in_buffer() -> None:
     # x, the gradient (read again after m) and the swap-in, whose buffer m takes over
     assert peaks[False] == 256 + 4096 + 4096 + 256  # and s at the end
     assert peaks[True] == 256 + 3 * 4096  # m's own buffer beside them
+
+
+def test_a_synchronized_swap_out_that_no_forward_op_reads_is_waited_for_by_the_next_op() -> None:
+    """A forward tensor only the backward pass reads (a gradient's helper made early, as
+    Grappler makes swish's) has no reader to wait for its copy: the next level's op does, so
+    the copy cannot still hold device memory when a large op runs after."""
+    g = Graph("helper")
+    x = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+    f1 = add(g, "f1", x, 1024)
+    h = add(g, "h", f1, 4096)  # read by the backward pass alone
+    g1 = add(g, "g1", f1, 1024)
+    g2 = add(g, "g2", g1, 1024)
+    big = add(g, "big", g2, 8192)
+    b2 = add(g, "gradient_tape/b2", big, 1024)
+    b1 = add(g, "gradient_tape/b1", b2 + h, 1024)
+    g.mark_outputs(add(g, "gradient_tape/b0", b1 + f1, 1024))
+    program = compile_program(g)
+    timeline = Timeline.build(program.order, {n: 1.0 for n in g.ops})
+    link = Link(4096 / 3.5, 1e9)  # 3.5 s to copy h out
+    plan = plan_for(g, sync_out=True, n_tensors=-1, threshold=2)
+    waiter = {s.tensor: s.waiter for s in plan.swaps}["h:0"]
+    assert program.order.level[waiter] == program.order.level["h"] + 1
+    timed = simulate_plan(program, g, plan, timeline=timeline, link=link)
+    instant = simulate_plan(program, g, plan)
+    assert timed.time is not None and timed.time.stalls[program.order.position[waiter]] > 0
+    assert timed.peak_bytes == instant.peak_bytes
