@@ -199,10 +199,10 @@ def released(
 
     A try is one simulation: the plan derived without that tensor kept, its swaps that
     derivation left as they were given the swap-ins `plan` was prefetched to
-    (`transplanted`). Where that gives the tensor back, the plan is also derived and
-    prefetched in full (`plan_of`), and taken if it is better."""
+    (`transplanted`). Once the tries are done, if any gave a tensor back, the plan is also
+    derived and prefetched in full for what stays kept (`plan_of`), and taken if better."""
     tried = sorted(keep, key=lambda t: (-engine.graph.tensors[t].nbytes, t))
-    limit = params.limit
+    limit, start = params.limit, keep
     raw = derived(engine, params, keep, late)
     for name in tried[:GUARD_RELEASES]:
         again = derived(engine, params, keep - {name}, late)
@@ -213,12 +213,10 @@ def released(
         got = finish(Planned(moved, made))
         if got.peak_bytes <= limit and _seconds(got) < _seconds(result):
             keep, raw, plan, result = keep - {name}, again, moved, got
-            if not params.prefetch_bytes:
-                continue
-            full = plan_of(engine, params, keep, finish.link, late)
-            got = finish(full)
-            if got.peak_bytes <= limit and _seconds(got) < _seconds(result):
-                plan, result = full.plan, got
+    if keep != start and params.prefetch_bytes:
+        got = finish(full := plan_of(engine, params, keep, finish.link, late))
+        if got.peak_bytes <= limit and _seconds(got) < _seconds(result):
+            plan, result = full.plan, got
     return plan, result
 
 
