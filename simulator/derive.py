@@ -8,7 +8,7 @@ swap-in triggered by an op `lb`..`ub` levels before it, found in the categorized
 (`direct_order`) or by walking up the reader's own inputs (`chain_rule`); swap-ins of one
 tensor whose readers lie within `groupby` levels are fused; with `sync_out` the tensor's forward
 readers wait for its swap-out (ours: with `sync_lag`, the first op `sync_lag` levels after its
-producer waits instead; a tensor no forward op reads is waited for by the next level). Shape-only
+producer waits instead; a forward tensor no forward op reads, by the next level). Shape-only
 ops are never rerouted and never triggers.
 
 With `recompute="cheap"` (ours), every candidate made by a cheap element-wise op
@@ -173,12 +173,12 @@ def _swap(ctx: PlanContext, cand: Candidate, params: PlanParams) -> Swap | None:
 def _lag(ctx: PlanContext, cand: Candidate, params: PlanParams, swap_ins: list[SwapIn]) -> int:
     """How many levels after the producer the swap-out is waited for (0: by its readers):
     `sync_lag`, or, where a reader that is not rerouted may not wait (`Graph.rewritten`),
-    just after the last such reader; at least 1 where every reader is rerouted (a tensor only
-    the backward pass reads: no reader would wait, and its copy could hold device memory
-    while the forward pass goes on)."""
+    just after the last such reader; at least 1 where a forward tensor has every reader
+    rerouted (only the backward pass reads it: no reader would wait, and its copy could hold
+    device memory while the forward pass goes on)."""
     rerouted = {c for s in swap_ins for c in s.consumers}
     kept = [c for c in ctx.graph.tensors[cand.tensor].consumers if c not in rerouted]
-    if not kept:
+    if not kept and cand.producer not in ctx.flow:
         return max(params.sync_lag, 1)
     if params.sync_lag or not ctx.regrouped.intersection(kept):
         return params.sync_lag

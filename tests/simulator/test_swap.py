@@ -381,3 +381,13 @@ def test_a_synchronized_swap_out_that_no_forward_op_reads_is_waited_for_by_the_n
     instant = simulate_plan(program, g, plan)
     assert timed.time is not None and timed.time.stalls[program.order.position[waiter]] > 0
     assert timed.peak_bytes == instant.peak_bytes
+
+
+def test_a_synchronized_swap_of_the_backward_pass_is_not_waited_for() -> None:
+    """A gradient that only the optimizer reads (`gw`, made by the backward pass) is copied
+    out while the backward pass goes on: the refinement of backward swaps times those copies
+    (`refine.prefetched`), and a wait at the next op would stall the backward pass."""
+    g = held_gradient()
+    plan = plan_for(g, sync_out=True, n_tensors=-1, threshold=2, backward_swaps=True)
+    waiters = {s.tensor: s.waiter for s in plan.swaps}
+    assert waiters["gradient_tape/gw:0"] == ""
