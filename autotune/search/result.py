@@ -251,7 +251,7 @@ def with_tuned_ours(
     plan that fits, replaced by the tuning's there (`tuned`; else `fallback()`'s, if given),
     so that a table of the methods shows the plan the user gets."""
     ours = searches["ours"]
-    full = tuned or (fallback() if fallback and ours.outcome is not None else None)
-    if ours.outcome is None or full is None:
+    if ours.outcome is None:  # no size fits: nothing was tuned
         return searches
-    return {**searches, "ours": replace(ours, outcome=full)}
+    full = tuned or (fallback() if fallback else None)
+    return {**searches, "ours": replace(ours, outcome=full)} if full is not None else searches
