@@ -8,15 +8,20 @@ trials that were running, and running the same command again finishes the rest.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import re
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from autotune.search.core import quiet_optuna, sampler
 from simulator.errors import UserError
 
-__all__ = ["StorageError", "default_storage", "open_study", "study_name"]
+__all__ = ["StorageError", "default_storage", "open_study", "queue_lock", "study_name"]
 
 
 class StorageError(UserError):
@@ -131,3 +136,33 @@ def open_study(url: str, name: str, *, seed: int, objectives: int = 1) -> Any:
     except ValueError as err:
         raise StorageError(f"study {name!r} in {url!r} does not match: {err}") from None
     return study
+
+
+def queue_lock(url: str) -> Callable[[], AbstractContextManager[Any]]:
+    """What workers sharing the study in `url` hold while they check what is queued and queue
+    more (`autotune.search.trials.run_study`). Two that did both at once would each queue the
+    trials that are left, and the surplus would wait in the finished study.
+
+    For a SQLite file, a lock on a file beside it (its workers share a machine). Other
+    databases get none: their workers may rarely leave a queued trial, run when resumed.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return contextlib.nullcontext
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return contextlib.nullcontext
+    return functools.partial(_locked, Path(f"{parsed.database}.queue.lock"))
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,8 +89,13 @@ class Refine:
     space: Space
     after: int
     total: int  # the study's trials: no more are queued than are left to run
+    lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext  # see `run_study`
 
     def __call__(self, study: Any, trial: Any) -> None:
+        with self.lock():
+            self._queue(study)
+
+    def _queue(self, study: Any) -> None:
         import optuna
 
         trials = study.get_trials(deepcopy=False)
@@ -126,30 +132,34 @@ def run_study(
     callbacks: list[Any] | None = None,
     recompute: str = "search",
     after_starts: int | None = None,
+    lock: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> Outcome:
     """Run `study` until it holds `trials` finished trials (resuming one that has some). A new
     study with `warm_start` first tries `Space.starts` and `starts` (e.g. what the original
     auto-tuner chose), so it can only improve on them. `recompute` is as in `Space`. With
     `after_starts`, a new study stops that many trials after its warm starts (a probe that
-    only asks whether some plan fits, `stop_when_fits`, and none has)."""
+    only asks whether some plan fits, `stop_when_fits`, and none has). Workers that share the
+    study queue trials holding `lock` (`autotune.search.studies.queue_lock`): each checks what
+    is queued and queues more as one step, so none queues what another just did."""
     import optuna
     from optuna.study import MaxTrialsCallback
 
     start = time.perf_counter()
     complete = (optuna.trial.TrialState.COMPLETE,)
-    fresh = not study.trials
     space = Space.of(engine, recompute, budget.bytes)
-    if warm_start and fresh:
-        queued = {_key(p): p for p in (*space.starts(), *map(space.of_params, starts))}
-        for params in list(queued.values())[:trials]:  # none left waiting past the budget
-            study.enqueue_trial(params)
+    with lock():
+        fresh = not study.trials
+        if warm_start and fresh:
+            queued = {_key(p): p for p in (*space.starts(), *map(space.of_params, starts))}
+            for params in list(queued.values())[:trials]:  # none left waiting past the budget
+                study.enqueue_trial(params)
     left = trials - len(study.get_trials(deepcopy=False, states=complete))
     if after_starts is not None and fresh:
         waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
         left = min(left, len(waiting) + after_starts)
     refine = []
     if warm_start and objectives == 1:
-        refine = [Refine(space, int(trials * REFINE_AFTER), trials)]
+        refine = [Refine(space, int(trials * REFINE_AFTER), trials, lock)]
     if left > 0:
         with quiet_optuna(), _trials_running():
             study.optimize(

@@ -44,7 +44,7 @@ from autotune.search.result import (
     with_tuned_ours,
 )
 from autotune.search.steps import leading_dim, model_name, step_capturer
-from autotune.search.studies import default_storage, open_study, study_name
+from autotune.search.studies import default_storage, open_study, queue_lock, study_name
 from autotune.search.tuned import TrainingStep
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
@@ -113,7 +113,7 @@ def tune_captured(
         starts = warm_starts(engine, budget, outcomes["original auto-tuner"])
         ours = run_study(
             engine, budget, study, trials, objectives=objectives, starts=starts,
-            callbacks=callbacks, recompute=recompute,
+            callbacks=callbacks, recompute=recompute, lock=queue_lock(storage),
         )  # fmt: skip
         outcomes["ours"] = ours
         best = ours.shown or baseline

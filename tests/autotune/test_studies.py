@@ -1,9 +1,13 @@
+import contextlib
 import multiprocessing
+import threading
 from pathlib import Path
 
+import optuna
 import pytest
 
-from autotune.search.studies import StorageError, open_study, study_name
+from autotune.search.studies import StorageError, open_study, queue_lock, study_name
+from autotune.search.trials import Refine
 
 
 def _open(url: str) -> int:
@@ -74,3 +78,51 @@ def test_a_resumed_or_shared_study_does_not_repeat_its_proposals(tmp_path: Path)
     first = _proposals(open_study(url, "s", seed=0), 4)
     second = _proposals(open_study(url, "s", seed=0), 4)  # another worker, or a resumed run
     assert second[:4] == first and len(set(second)) == 8
+
+
+class _SlowSpace:
+    """A space whose moves take until the other worker has computed its own (or 2 s)."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self.barrier = barrier
+
+    def neighbours(self, params: dict[str, float], _swapped: object) -> list[dict[str, float]]:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            self.barrier.wait(timeout=2)
+        return [{"x": params["x"] + d} for d in (0.1, 0.2, 0.3, 0.4)]
+
+
+def _finished(study, x: float) -> None:  # type: ignore[no-untyped-def]
+    trial = optuna.trial.create_trial(
+        params={"x": x},
+        distributions={"x": optuna.distributions.FloatDistribution(0, 10)},
+        value=x,
+        user_attrs={"constraint": [-1.0], "peak_bytes": 1},
+    )
+    study.add_trial(trial)
+
+
+def test_workers_that_refine_at_once_queue_only_the_trials_left(tmp_path: Path) -> None:
+    # the two workers of a shared study both finish a trial, both see nothing queued and
+    # both compute their moves at once: together they still queue no more than are left
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = open_study(url, "shared", seed=0)
+    for x in range(8):
+        _finished(first, float(x))
+    workers = [open_study(url, "shared", seed=0) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    refine = Refine(_SlowSpace(barrier), after=4, total=11, lock=queue_lock(url))  # type: ignore[arg-type]
+    threads = [threading.Thread(target=refine, args=(w, None)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    waiting = first.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert len(waiting) == 3  # 11 - 8: one worker queued them, the other saw them queued
+
+
+def test_only_a_sqlite_file_gets_a_queue_lock(tmp_path: Path) -> None:
+    assert queue_lock("sqlite:///:memory:") is contextlib.nullcontext
+    assert queue_lock("postgresql://u@h/db") is contextlib.nullcontext
+    with queue_lock(f"sqlite:///{tmp_path / 's.db'}")():
+        assert (tmp_path / "s.db.queue.lock").exists()
