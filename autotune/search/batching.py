@@ -1,9 +1,8 @@
-"""A step at any batch size from two captures, and the largest batch each method fits.
+"""The largest batch each method fits.
 
-`StepFamily` captures the step at two batch sizes, fits the affine family of graphs
-(`simulator.scaling`) and Grappler's per-op costs at both, and builds an engine for any batch on
-demand. `largest_batches` then searches the batch size for each method: no swapping, recompute
-only, the original tool's defaults, its auto-tuner, random search and ours, with tuning inside.
+On the engines of a step at any size (`autotune.search.families`), `largest_batches` searches the
+batch size for each method: no swapping, recompute only, the original tool's defaults, its
+auto-tuner, random search and ours, with tuning inside.
 """
 
 from __future__ import annotations
@@ -11,8 +10,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from autotune.search.aside import Aside
 from autotune.search.baselines import (
@@ -31,14 +30,12 @@ from autotune.search.core import (
     single_plan,
     stop_when_fits,
 )
-from rewriter.capture import Captured
-from simulator import DevicePreset
+from autotune.search.families import CAPTURE_BATCHES, CapturedSteps, StepFamily, Steps
 from simulator.derive import PlanParams
-from simulator.engine import Engine
 from simulator.errors import UserError
-from simulator.scaling import BatchFamily, affine_costs
 
 __all__ = [
+    "CAPTURE_BATCHES",
     "METHODS",
     "SWAPPING",
     "BatchSearch",
@@ -48,9 +45,6 @@ __all__ = [
     "largest_batches",
 ]
 
-#: Capture batches: any two from 2 fix the memory exactly; costs are extrapolated along a line,
-#: which from 16 and 32 predicted Grappler's ResNet-50 step at 128 within 0.1 %.
-CAPTURE_BATCHES = (16, 32)
 METHODS = (
     "no swapping",
     "recompute only",
@@ -70,113 +64,6 @@ _WARM_STARTS = ("original defaults", "original auto-tuner")
 _SEARCHES = ("random search", "ours")
 #: the method whose largest batch is searched in a worker process, beside the others
 ASIDE = "random search"
-
-
-@dataclass
-class StepFamily:
-    """Engines for one step at any batch size >= 2 on one device preset."""
-
-    family: BatchFamily
-    costs: tuple[dict[str, float], dict[str, float]] | None
-    device: DevicePreset | None
-    trace_seconds: float
-    _engines: dict[int, Engine] = field(default_factory=dict)
-    _shared: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def capture(
-        cls,
-        capture_at: Callable[[int], Captured],
-        device: DevicePreset | None,
-        batches: tuple[int, int] = CAPTURE_BATCHES,
-        on_stage: Callable[[str], None] | None = None,
-    ) -> StepFamily:
-        """Capture at `batches` (calling `on_stage` before each stage, for a progress bar)."""
-        caps, costs, seconds = [], [], 0.0
-        for b in batches:
-            if on_stage:
-                on_stage(f"tracing at batch {b}")
-            cap = capture_at(b)
-            caps.append(cap)
-            seconds += cap.trace_seconds
-            if device is not None:
-                if on_stage:
-                    on_stage(f"estimating op costs at batch {b}")
-                costs.append(_costs(cap, device))
-        family = BatchFamily.fit(caps[0].graph, batches[0], caps[1].graph, batches[1])
-        pair = (costs[0], costs[1]) if costs else None
-        return cls(family, pair, device, seconds)
-
-    def engine(self, batch: int) -> Engine:
-        """The engine at `batch` (cached)."""
-        if batch not in self._engines:
-            cost = None
-            if self.costs is not None:
-                a, b = self.family.a, self.family.b
-                cost = affine_costs(self.costs[0], a, self.costs[1], b, batch)
-            graph = self.family.at(batch)
-            self._engines[batch] = Engine.build(
-                graph,
-                device=self.device,
-                cost=cost,
-                shared=self._shared,
-                lower_bound=self.lower_bound(batch),
-                resized=next(iter(self._engines.values()), None),
-            )
-        return self._engines[batch]
-
-    def lower_bound(self, batch: int) -> int:
-        return self.family.lower_bound(batch)
-
-    def detached(self) -> StepFamily:
-        """This family without the engines it built, to send to another process (the order
-        edges found so far go with it)."""
-        return replace(self, _engines={}, _shared=dict(self._shared))
-
-
-class Steps(Protocol):
-    """What the size search needs: an engine and a lower bound at any size n >= 2."""
-
-    def engine(self, n: int) -> Engine: ...
-
-    def lower_bound(self, n: int) -> int: ...
-
-
-@dataclass
-class CapturedSteps:
-    """Engines from a capture at every size asked for (for sizes that are not affine, such as
-    a 3D U-Net's cube edge); each capture is kept. Order edges are shared between captures
-    of near sizes that have their ops (`simulator.engine.EDGE_REUSE`)."""
-
-    capture_at: Callable[[int], Captured]
-    device: DevicePreset | None
-    trace_seconds: float = 0.0
-    _captures: dict[int, Captured] = field(default_factory=dict)
-    _engines: dict[int, Engine] = field(default_factory=dict)
-    _shared: dict[str, Any] = field(default_factory=dict)
-
-    def captured(self, n: int) -> Captured:
-        """The step captured at size `n` (once)."""
-        if n not in self._captures:
-            cap = self._captures[n] = self.capture_at(n)
-            self.trace_seconds += cap.trace_seconds
-        return self._captures[n]
-
-    def engine(self, n: int) -> Engine:
-        if n not in self._engines:
-            from autotune.api import build_engine
-
-            self._engines[n] = build_engine(self.captured(n), self.device, shared=self._shared)
-        return self._engines[n]
-
-    def lower_bound(self, n: int) -> int:
-        return self.engine(n).lower_bound
-
-
-def _costs(captured: Captured, device: DevicePreset) -> dict[str, float]:
-    from rewriter.costs import step_costs
-
-    return step_costs(captured, device)
 
 
 @dataclass
