@@ -141,9 +141,13 @@ def largest_possible(steps: Steps, budget: Budget) -> int:
     return largest(lambda b: steps.lower_bound(b) <= budget.bytes, hi // 2, hi)
 
 
-def max_probes(low: int, high: int) -> int:
-    """The most sizes `largest_batch` probes in [low, high]: `low`, then a binary search."""
-    return 1 + math.ceil(math.log2(high - low + 1)) if high >= low else 0
+def max_probes(low: int, high: int, method: str = "") -> int:
+    """The most sizes `largest_batch` probes in [low, high]: `low`, then a binary search (for
+    ours, one of its least-memory plan, two probes beside its end, and one above them)."""
+    if high < low:
+        return 0
+    steps = math.ceil(math.log2(high - low + 1))
+    return 3 + 2 * steps if method == "ours" else 1 + steps
 
 
 def largest_batch(
@@ -178,12 +182,50 @@ def largest_batch(
     if high < low or not fits(low):
         limit = _limit(outcomes, 0, budget) if outcomes else "the lower bound: device memory"
         return BatchSearch(method, 0, None, len(outcomes), time.perf_counter() - start, limit)
-    best = largest(fits, low, high)
+    checked = 0  # sizes whose least-memory plan alone was evaluated
+    if method == "ours":
+        best, checked = _largest_past_least_memory(steps, budget, fits, low, high, on_probe)
+    else:
+        best = largest(fits, low, high)
     outcome = outcomes[best]
     if method in _SEARCHES and full_outcome:
         outcome = method_at(steps, method, best, budget, trials, seed, recompute=recompute)
     limit = _limit(outcomes, best, budget)
-    return BatchSearch(method, best, outcome, len(outcomes), time.perf_counter() - start, limit)
+    probes = len(outcomes) + checked
+    return BatchSearch(method, best, outcome, probes, time.perf_counter() - start, limit)
+
+
+def _largest_past_least_memory(
+    steps: Steps,
+    budget: Budget,
+    fits: Callable[[int], bool],
+    low: int,
+    high: int,
+    on_probe: Callable[[str, int], None] | None,
+) -> tuple[int, int]:
+    """The largest batch in [low, high] ours fits, given that it fits `low`, and how many
+    sizes it evaluated the least-memory plan at.
+
+    A probe that fits is cheap (its least-memory warm start fits, and it stops there); one
+    that fails runs all its trials. So the batch search first finds the largest batch whose
+    least-memory plan fits by single evaluations (`sure`), then probes the batch above it:
+    only where a search finds a plan that the least-memory plan does not is it searched
+    further up, by probes as before."""
+
+    checked = []
+
+    def least_fits(batch: int) -> bool:
+        if on_probe:
+            on_probe("ours", batch)
+        checked.append(batch)
+        return budget.admits(steps.engine(batch).evaluate(LEAST_MEMORY_ORDERED))
+
+    sure = largest(least_fits, low, high)
+    if sure > low and not fits(sure):  # its least-memory warm start differs: search below
+        return largest(fits, low, sure - 1), len(checked)
+    if sure == high or not fits(sure + 1):
+        return sure, len(checked)
+    return largest(fits, sure + 1, high), len(checked)
 
 
 def _limit(outcomes: dict[int, Outcome], best: int, budget: Budget) -> str:
@@ -214,9 +256,8 @@ def largest_batches(
     most `max_probes` a method at first, then fewer by those a search did not need. The
     `ASIDE` method is searched in a worker process meanwhile (`autotune.search.aside`)."""
     ceiling = largest_possible(steps, budget)
-    bound = max_probes(2, ceiling)
     expect = on_expect or (lambda n: None)
-    expect(bound * len({"no swapping", *methods}))
+    expect(sum(max_probes(2, ceiling, m) for m in {"no swapping", *methods}))
     side: Aside | None = None  # the worker, once started
     told = on_probe or (lambda method, batch: None)
 
@@ -230,7 +271,7 @@ def largest_batches(
             steps, method, budget, trials=trials, seed=seed, low=low, high=ceiling,
             on_probe=probed, full_outcome=method not in tuned_later, recompute=recompute,
         )  # fmt: skip
-        expect(found.probes - bound)
+        expect(found.probes - max_probes(2, ceiling, method))
         return found
 
     out = {"no swapping": search("no swapping", 2)}
@@ -248,7 +289,7 @@ def largest_batches(
                 out[method] = search(method, low)
         if side is not None:
             out[ASIDE] = side.result(told)
-            expect(out[ASIDE].probes - bound)
+            expect(out[ASIDE].probes - max_probes(2, ceiling, ASIDE))
     finally:
         if side is not None:
             side.stop()

@@ -1,4 +1,5 @@
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -114,6 +115,45 @@ def test_a_probe_where_nothing_fits_stops_soon_after_its_warm_starts(steps: Step
     assert len(trials) == queued + PROBE_AFTER_STARTS < 40
     full = method_at(steps, "ours", 64, budget, 40, 0)
     assert len(full.study.trials) == 40  # the whole search where the outcome is wanted
+
+
+class _Sized:
+    """Steps whose least-memory plan fits up to batch `plan`, and where the search fits up
+    to `search` (the plans it finds may fit more)."""
+
+    def __init__(self, plan: int, search: int) -> None:
+        self.plan, self.search, self.full = plan, search, []  # type: ignore[var-annotated]
+
+    def engine(self, batch: int) -> Any:
+        peak = 1 if batch <= self.plan else 3
+        return SimpleNamespace(evaluate=lambda _: SimpleNamespace(peak_bytes=peak))
+
+    def probe(self, _steps: Any, _method: str, batch: int, *_: Any, **__: Any) -> Any:
+        self.full.append(batch)
+        return SimpleNamespace(fits=batch <= self.search, shown=None)
+
+
+@pytest.mark.parametrize(
+    ("plan", "search", "failed"),
+    [(700, 700, 1), (640, 700, 6), (50, 50, 1), (300, 300, 1), (300, 2000, 0)],
+)
+def test_ours_probes_only_past_the_largest_batch_its_least_memory_plan_fits(
+    plan: int, search: int, failed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that fails runs all its trials: ours' size search finds where its least-memory
+    plan stops fitting by single evaluations, and runs a probe only there and past it (and
+    further up only where the search fits more). It finds the batch a binary search of probes
+    finds; that one would have run 5 failing probes in (50, 2000] at 700."""
+    from autotune.search import batching
+
+    steps: Any = _Sized(plan, search)
+    monkeypatch.setattr(batching, "method_at", steps.probe)
+    found = batching.largest_batch(steps, "ours", Budget(2), trials=12, seed=0, low=50, high=2000)
+    assert found.batch == min(search, 2000)
+    assert sum(b > search for b in steps.full) == failed
+    first = [50, plan, plan + 1] if plan > 50 else [50, 51]
+    assert steps.full[: len(first)] == first
+    assert found.probes <= batching.max_probes(50, 2000, "ours")
 
 
 def test_random_search_beside_the_others_finds_what_it_finds_here(
