@@ -24,6 +24,7 @@ from autotune.search.core import (
     RECOMPUTE_ONLY,
     Budget,
     Outcome,
+    Space,
     in_memory_study,
     random_search,
     run_study,
@@ -55,7 +56,8 @@ METHODS = (
 )
 #: A probe of ours (does some plan fit this size?) runs its warm starts and then at most this
 #: many trials of the search: on the corpus every probe that fit did so among its warm starts
-#: or within 3 trials after them (docs/method.md, "Constants")
+#: or within 3 trials after them (docs/method.md, "Constants"). A probe of random search runs
+#: as many trials as ours' warm starts and these.
 PROBE_AFTER_STARTS = 10
 #: the methods that swap (the others fit less; sizes all methods fit are taken among these)
 SWAPPING = METHODS[2:]
@@ -116,6 +118,9 @@ def method_at(
     if method == "original auto-tuner":
         return original_autotuner(engine, budget)
     if method == "random search":
+        if first_fit:  # as many trials as a probe of ours that fails runs, at most
+            queued = len(Space.of(engine, recompute, budget.bytes).starts())
+            trials = min(trials, queued + PROBE_AFTER_STARTS)
         return random_search(engine, budget, trials, seed, callbacks, recompute)
     if method == "ours":
         # a probe whose least-memory trial (the second) fits stops there: the warm starts

@@ -105,6 +105,7 @@ def test_a_host_limit_lowers_the_largest_batch_and_is_named_as_the_limit(
 
 def test_a_probe_where_nothing_fits_stops_soon_after_its_warm_starts(steps: StepFamily) -> None:
     from autotune.search.batching import PROBE_AFTER_STARTS, method_at
+    from autotune.search.core import Space
 
     engine = steps.engine(64)
     budget = Budget(engine.lower_bound - 1, 1.0)  # under the lower bound: no plan fits
@@ -115,6 +116,10 @@ def test_a_probe_where_nothing_fits_stops_soon_after_its_warm_starts(steps: Step
     assert len(trials) == queued + PROBE_AFTER_STARTS < 40
     full = method_at(steps, "ours", 64, budget, 40, 0)
     assert len(full.study.trials) == 40  # the whole search where the outcome is wanted
+    random = method_at(steps, "random search", 64, budget, 40, 0, first_fit=True)
+    starts = len(Space.of(engine, budget_bytes=budget.bytes).starts())
+    assert len(random.study.trials) == starts + PROBE_AFTER_STARTS <= len(trials)
+    assert len(method_at(steps, "random search", 64, budget, 40, 0).study.trials) == 40
 
 
 class _Sized:
