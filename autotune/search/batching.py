@@ -184,14 +184,17 @@ def largest_batch(
         )
         return outcomes[batch].fits
 
-    if high < low or not fits(low):
-        limit = _limit(outcomes, 0, budget) if outcomes else "the lower bound: device memory"
-        return BatchSearch(method, 0, None, len(outcomes), time.perf_counter() - start, limit)
     checked = 0  # sizes whose least-memory plan alone was evaluated
-    if method == "ours":
+    if high < low:
+        best = 0
+    elif method == "ours":
         best, checked = _largest_past_least_memory(steps, budget, fits, low, high, on_probe)
     else:
-        best = largest(fits, low, high)
+        best = largest(fits, low, high) if fits(low) else 0
+    if not best:
+        limit = _limit(outcomes, 0, budget) if outcomes else "the lower bound: device memory"
+        probes = len(outcomes) + checked
+        return BatchSearch(method, 0, None, probes, time.perf_counter() - start, limit)
     outcome = outcomes[best]
     if method in _SEARCHES and full_outcome:
         outcome = method_at(steps, method, best, budget, trials, seed, recompute=recompute)
@@ -208,14 +211,14 @@ def _largest_past_least_memory(
     high: int,
     on_probe: Callable[[str, int], None] | None,
 ) -> tuple[int, int]:
-    """The largest batch in [low, high] ours fits, given that it fits `low`, and how many
-    sizes it evaluated the least-memory plan at.
+    """The largest batch in [low, high] ours fits (0 if not even `low`), and how many sizes
+    it evaluated the least-memory plan at.
 
     A probe that fits is cheap (its least-memory warm start fits, and it stops there); one
     that fails runs all its trials. So the batch search first finds the largest batch whose
-    least-memory plan fits by single evaluations (`sure`), then probes the batch above it:
-    only where a search finds a plan that the least-memory plan does not is it searched
-    further up, by probes as before."""
+    least-memory plan fits by single evaluations (`sure`; `low` if none above it), then
+    probes it and the batch above it: only where a search finds a plan that the
+    least-memory plan does not is it searched further up, by probes as before."""
 
     checked = []
 
@@ -226,11 +229,13 @@ def _largest_past_least_memory(
         return budget.admits(steps.engine(batch).evaluate(LEAST_MEMORY_ORDERED))
 
     sure = largest(least_fits, low, high)
-    if sure > low and not fits(sure):  # its least-memory warm start differs: search below
-        return largest(fits, low, sure - 1), len(checked)
-    if sure == high or not fits(sure + 1):
-        return sure, len(checked)
-    return largest(fits, sure + 1, high), len(checked)
+    if not fits(sure):  # its least-memory warm start differs: search below
+        best = 0 if sure == low or not fits(low) else largest(fits, low, sure - 1)
+    elif sure == high or not fits(sure + 1):
+        best = sure
+    else:
+        best = largest(fits, sure + 1, high)
+    return best, len(checked)
 
 
 def _limit(outcomes: dict[int, Outcome], best: int, budget: Budget) -> str:

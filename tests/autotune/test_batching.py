@@ -140,7 +140,7 @@ class _Sized:
 
 @pytest.mark.parametrize(
     ("plan", "search", "failed"),
-    [(700, 700, 1), (640, 700, 6), (50, 50, 1), (300, 300, 1), (300, 2000, 0)],
+    [(700, 700, 1), (640, 700, 6), (50, 50, 1), (300, 300, 1), (300, 2000, 0), (10, 10, 1)],
 )
 def test_ours_probes_only_past_the_largest_batch_its_least_memory_plan_fits(
     plan: int, search: int, failed: int, monkeypatch: pytest.MonkeyPatch
@@ -148,15 +148,18 @@ def test_ours_probes_only_past_the_largest_batch_its_least_memory_plan_fits(
     """A probe that fails runs all its trials: ours' size search finds where its least-memory
     plan stops fitting by single evaluations, and runs a probe only there and past it (and
     further up only where the search fits more). It finds the batch a binary search of probes
-    finds; that one would have run 5 failing probes in (50, 2000] at 700."""
+    finds (none where nothing fits 50); that one would have run 5 failing probes in (50, 2000]
+    at 700."""
     from autotune.search import batching
 
     steps: Any = _Sized(plan, search)
     monkeypatch.setattr(batching, "method_at", steps.probe)
-    found = batching.largest_batch(steps, "ours", Budget(2), trials=12, seed=0, low=50, high=2000)
-    assert found.batch == min(search, 2000)
+    found = batching.largest_batch(
+        steps, "ours", Budget(2), trials=12, seed=0, low=50, high=2000, full_outcome=False
+    )
+    assert found.batch == (min(search, 2000) if search >= 50 else 0)
     assert sum(b > search for b in steps.full) == failed
-    first = [50, plan, plan + 1] if plan > 50 else [50, 51]
+    first = [plan, plan + 1] if search >= 50 else [50]
     assert steps.full[: len(first)] == first
     assert found.probes <= batching.max_probes(50, 2000, "ours")
 
