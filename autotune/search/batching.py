@@ -148,7 +148,8 @@ def largest_possible(steps: Steps, budget: Budget) -> int:
 
 def max_probes(low: int, high: int, method: str = "") -> int:
     """The most sizes `largest_batch` probes in [low, high]: `low`, then a binary search (for
-    ours, one of its least-memory plan, two probes beside its end, and one above them)."""
+    ours, a binary search of its least-memory plan, then up to three probes at its end or at
+    `low`, and a binary search beyond them)."""
     if high < low:
         return 0
     steps = math.ceil(math.log2(high - low + 1))
