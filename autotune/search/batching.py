@@ -33,6 +33,7 @@ from autotune.search.core import (
 )
 from autotune.search.families import CAPTURE_BATCHES, CapturedSteps, StepFamily, Steps
 from simulator.derive import PlanParams
+from simulator.engine import Engine
 from simulator.errors import UserError
 
 __all__ = [
@@ -125,7 +126,7 @@ def method_at(
     if method == "ours":
         # a probe whose least-memory trial (the second) fits stops there: the warm starts
         # queued after it would never run, so they are not searched for
-        skip = first_fit and budget.admits(engine.evaluate(LEAST_MEMORY_ORDERED))
+        skip = first_fit and _least_memory_fits(engine, budget)
         starts = () if skip else warm_starts(engine, budget)
         study = in_memory_study("tpe", seed)
         after = PROBE_AFTER_STARTS if first_fit else None
@@ -134,6 +135,12 @@ def method_at(
             recompute=recompute, after_starts=after,
         )  # fmt: skip
     raise UserError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+
+
+def _least_memory_fits(engine: Engine, budget: Budget) -> bool:
+    """Whether ours' least-memory warm start fits: a probe of ours where it does stops there
+    (`method_at`), so the size search takes it as the probe's answer where it fits."""
+    return budget.admits(engine.evaluate(LEAST_MEMORY_ORDERED))
 
 
 def largest_possible(steps: Steps, budget: Budget) -> int:
@@ -227,7 +234,7 @@ def _largest_past_least_memory(
         if on_probe:
             on_probe("ours", batch)
         checked.append(batch)
-        return budget.admits(steps.engine(batch).evaluate(LEAST_MEMORY_ORDERED))
+        return _least_memory_fits(steps.engine(batch), budget)
 
     sure = largest(least_fits, low, high)
     if not fits(sure):  # its least-memory warm start differs: search below
