@@ -50,7 +50,11 @@ def test_a_profile_from_batches_4_and_8_prices_batch_32_on_each_ops_line() -> No
         assert e32 > e8
         slope = (at_32.seconds[names_32[pos]] - s8) / (e32 - e8)
         assert slope == pytest.approx((s8 - s4) / (e8 - e4))
-    assert sum(at_32.seconds.values()) > 2.5 * sum(at_8.seconds.values())
+    falling = {pos: p for pos, p in cal.ops.items() if p.seconds[1] < p.seconds[0]}
+    for pos, p in falling.items():  # noise, not a line: the mean at every size
+        mean = sum(p.seconds) / 2
+        assert at_8.seconds[names_8[pos]] == at_32.seconds[names_32[pos]] == pytest.approx(mean)
+    assert sum(at_32.seconds.values()) > sum(at_8.seconds.values())
 
 
 def test_the_cli_calibrates_and_its_profile_is_the_device_of_simulate_and_verify(
