@@ -54,16 +54,16 @@ class OpPoints:
     #: on a CPU, whether its kernel took a column buffer at each size (TensorFlow switches a
     #: convolution gradient's algorithm by size: `rewriter.cpukernels`); None elsewhere
     scratch: tuple[bool, bool] | None = None
+    #: on a CPU, the op timed alone at the two nearest sizes of its other algorithm
+    #: (`autotune.run.kernelprobe`): (elements at each, seconds at each); None if not probed
+    other: tuple[tuple[int, int], tuple[float, float]] | None = None
 
-    def at(self, elements: int) -> float:
-        """Seconds at `elements`, on the line through the two points (see the module)."""
-        (e1, e2), (s1, s2) = self.elements, self.seconds
-        if e1 == e2:
-            return (s1 + s2) / 2
-        slope = (s2 - s1) / (e2 - e1)
-        if slope < 0:
-            return (s1 + s2) / 2
-        return max(min(s1, s2), s1 + slope * (elements - e1))
+    def at(self, elements: int, *, switched: bool = False) -> float:
+        """Seconds at `elements`, on the line through the two points (see the module); for a
+        kernel that `switched` algorithm, through the other algorithm's points if probed."""
+        if switched and self.other is not None:
+            return _on_line(*self.other, elements)
+        return _on_line(self.elements, self.seconds, elements)
 
     def rate(self) -> float:
         """Seconds per element at the larger size (0 for an op that touched none)."""
@@ -122,12 +122,14 @@ class Calibration:
         own = self._matched(graph)
         rates = self._type_rates()
         out: dict[str, float] = {}
-        by_type, estimated, switched = 0, [], 0
+        by_type, estimated, switched, unprobed = 0, [], 0, 0
         for name, op in graph.ops.items():
             elements = op_elements(graph, name)
             if name in own:
-                out[name] = own[name].at(elements)
-                switched += _switched(own[name], op.cpu_scratch)
+                moved = _switched(own[name], op.cpu_scratch)
+                out[name] = own[name].at(elements, switched=bool(moved))
+                switched += moved
+                unprobed += int(bool(moved) and own[name].other is None)
             elif op.type in rates:
                 out[name] = rates[op.type] * elements
                 by_type += 1
@@ -137,7 +139,7 @@ class Calibration:
         out.update({n: grappler.get(n, 0.0) for n in estimated})
         unpriced = 0 if estimate is not None else len(estimated)
         return CalibratedCosts(
-            out, len(own), by_type, len(estimated) - unpriced, unpriced, switched
+            out, len(own), by_type, len(estimated) - unpriced, unpriced, switched, unprobed
         )
 
     def _matched(self, graph: Graph) -> dict[str, OpPoints]:
@@ -159,6 +161,18 @@ class Calibration:
         return {t: statistics.median(r) for t, r in by_type.items()}
 
 
+def _on_line(points: tuple[int, int], seconds: tuple[float, float], elements: int) -> float:
+    """Seconds at `elements` on the line through two (elements, seconds) points: the mean
+    where the line falls or the points share their elements, never below the lesser point."""
+    (e1, e2), (s1, s2) = points, seconds
+    if e1 == e2:
+        return (s1 + s2) / 2
+    slope = (s2 - s1) / (e2 - e1)
+    if slope < 0:
+        return (s1 + s2) / 2
+    return max(min(s1, s2), s1 + slope * (elements - e1))
+
+
 def _points(v: dict[str, Any]) -> OpPoints:
     scratch = v.get("scratch")
     return OpPoints(
@@ -167,7 +181,15 @@ def _points(v: dict[str, Any]) -> OpPoints:
         (int(v["elements"][0]), int(v["elements"][1])),
         (float(v["seconds"][0]), float(v["seconds"][1])),
         (bool(scratch[0]), bool(scratch[1])) if scratch is not None else None,
+        _other(v.get("other")),
     )
+
+
+def _other(v: Any) -> tuple[tuple[int, int], tuple[float, float]] | None:
+    if v is None:
+        return None
+    (e1, e2), (s1, s2) = v
+    return (int(e1), int(e2)), (float(s1), float(s2))
 
 
 @dataclass(frozen=True)
@@ -180,8 +202,11 @@ class CalibratedCosts:
     estimated: int
     unpriced: int = 0
     #: ops whose CPU kernel takes another algorithm at this size than when calibrated: their
-    #: line extrapolates the other algorithm's time
+    #: line is the other algorithm's, timed alone when calibrated (`OpPoints.other`)
     switched: int = 0
+    #: of those, the ops not timed under their other algorithm: their line extrapolates the
+    #: calibrated one's
+    switched_unprobed: int = 0
 
     @property
     def note(self) -> str:
@@ -196,7 +221,12 @@ class CalibratedCosts:
         if self.switched:
             parts.append(
                 f"{self.switched} of them run another kernel at this size than when calibrated "
-                "(TensorFlow picks it by size): calibrate nearer this size"
+                "(TensorFlow picks it by size)"
+            )
+        if self.switched_unprobed:
+            parts.append(
+                f"{self.switched_unprobed} of those not timed under that kernel: "
+                "calibrate nearer this size"
             )
         return ", ".join(parts)
 

@@ -24,7 +24,13 @@ import math
 import os
 from dataclasses import dataclass
 
-__all__ = ["CPU_SCRATCH_TYPES", "CpuKernels", "cpu_kernels", "cpu_scratch_bytes"]
+__all__ = [
+    "CPU_SCRATCH_TYPES",
+    "SWITCHING_TYPES",
+    "CpuKernels",
+    "cpu_kernels",
+    "cpu_scratch_bytes",
+]
 
 _L2_ASSUMED = 256 << 10  # bytes, constant in conv_grad_input_ops.h
 _L3_ASSUMED = 30 << 20  # bytes, constant in the 2-D kernels
@@ -40,6 +46,8 @@ _FILTER_GRADS = frozenset(
 )
 #: Op types whose CPU kernel may hold a buffer of its own (see `cpu_scratch_bytes`).
 CPU_SCRATCH_TYPES = _INPUT_GRADS | _FILTER_GRADS | {"MaxPoolGrad", "MaxPool3DGrad"}
+#: Op types whose CPU kernel changes algorithm with the size: the 3-D convolution gradients
+SWITCHING_TYPES = frozenset(t for t in _INPUT_GRADS | _FILTER_GRADS if "3D" in t)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import platform
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from autotune.calibration import Calibration, OpPoints, op_elements
 from autotune.planfile import graph_positions, structure_digest
 from rewriter.capture import Captured
+from rewriter.cpukernels import SWITCHING_TYPES
 from simulator.devices import DevicePreset
 from simulator.errors import UserError
 from simulator.graph import Graph, Op
@@ -54,6 +56,7 @@ def calibrate(
         on_stage("measuring the host link")
     link = probe_link(device)
     ops, digest = _op_points(captures[0].graph, captures[1].graph, times, device)
+    ops = _probe_switching(captures[1], ops, steps, on_stage)
     return Calibration(
         device=device,
         device_name=_device_name(device),
@@ -94,6 +97,28 @@ def _op_points(
         if name in graph_b.ops
     }
     return ops, digest
+
+
+def _probe_switching(
+    captured: Captured,
+    ops: dict[str, OpPoints],
+    steps: int,
+    on_stage: Callable[[str], None] | None,
+) -> dict[str, OpPoints]:
+    """`ops` with each op whose CPU kernel may take another algorithm at another size timed
+    alone under that algorithm (`autotune.run.kernelprobe`)."""
+    from autotune.run.kernelprobe import probe_other_kernel
+
+    switching = {pos: p for pos, p in ops.items() if p.scratch is not None and p.type in
+                 SWITCHING_TYPES}  # fmt: skip
+    fg = captured.concrete_function.graph
+    out = dict(ops)
+    for i, (pos, p) in enumerate(switching.items()):
+        if on_stage:
+            on_stage(f"timing {p.type} under its other algorithm ({i + 1}/{len(switching)})")
+        other = probe_other_kernel(fg.get_operation_by_name(p.name), p.seconds[1], steps)
+        out[pos] = replace(p, other=other)
+    return out
 
 
 def _scratch(a: Op, b: Op, device: str) -> tuple[bool, bool] | None:

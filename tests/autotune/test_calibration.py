@@ -120,11 +120,34 @@ def test_an_op_whose_cpu_kernel_switches_algorithm_is_said() -> None:
     assert cal.costs(g).switched == 0
     g.ops["conv"].cpu_scratch = 1 << 20  # the column-buffer algorithm at this size
     costs = cal.costs(g)
-    assert costs.switched == 1 and "1 of them run another kernel" in costs.note
+    assert costs.switched == costs.switched_unprobed == 1
+    assert "1 of them run another kernel" in costs.note and "calibrate nearer" in costs.note
+    assert costs.seconds["conv"] == pytest.approx(cal.ops[conv].at(op_elements(g, "conv")))
+
+
+def test_a_switched_op_is_priced_on_the_line_of_its_other_algorithm_when_probed() -> None:
+    cal = _calibration({"conv": (0.004, 0.008)})
+    conv = next(k for k, p in cal.ops.items() if p.name == "conv")
+    e8 = cal.ops[conv].elements[1]
+    other = ((8 * e8, 16 * e8), (0.010, 0.018))  # a third of the calibrated rate per element
+    cal.ops[conv] = replace(cal.ops[conv], scratch=(False, False), other=other)
+    g = _graph(64)
+    g.ops["conv"].cpu_scratch = 1 << 20
+    costs = cal.costs(g)
+    assert costs.switched == 1 and costs.switched_unprobed == 0
+    assert "calibrate nearer" not in costs.note
+    assert costs.seconds["conv"] == pytest.approx(
+        0.010 + 0.008 * (op_elements(g, "conv") - 8 * e8) / (8 * e8)
+    )
+    g.ops["conv"].cpu_scratch = 0  # the calibrated algorithm again: its own line
+    assert cal.costs(g).seconds["conv"] == pytest.approx(0.064)
+    assert cal.costs(g).switched == 0
 
 
 def test_the_profile_round_trips_through_its_file(tmp_path: Path) -> None:
     cal = _calibration({"conv": (0.004, 0.008)}, memory_bytes=16 << 30)
+    conv = next(k for k, p in cal.ops.items() if p.name == "conv")
+    cal.ops[conv] = replace(cal.ops[conv], scratch=(False, True), other=((9, 18), (0.1, 0.2)))
     path = cal.save(tmp_path / "sub" / "profile.json")
     assert load_calibration(path) == cal
     assert json.loads(path.read_text())["format"] == "autotune-calibration/1"
