@@ -1,8 +1,9 @@
 """Models nobody wrote for the tool, written the way their authors write them: the corpus.
 
-keras.applications models as Keras ships them, and transformers and a 2D U-Net in plain Keras
-after their papers (ViT-B/16, BERT-base, the Transformer-base encoder-decoder, Ronneberger's
-U-Net with batch norm), each with the optimizer people train it with. Rules and defaults of the
+keras.applications models as Keras ships them, and transformers, a 2D U-Net and recurrent
+models in plain Keras after their papers (ViT-B/16, BERT-base, the Transformer-base
+encoder-decoder, Ronneberger's U-Net with batch norm, an LSTM classifier and a GRU
+encoder-decoder), each with the optimizer people train it with. Rules and defaults of the
 tool are checked on them (`autotune.benchmarks.corpus`); they are zoo entries too. Sizes are
 arguments, so that tests and the exactness check build them small.
 """
@@ -17,6 +18,8 @@ __all__ = [
     "application",
     "bert",
     "encoder_decoder",
+    "gru_seq2seq",
+    "lstm_classifier",
     "rmsprop",
     "sgd_nesterov",
     "unet2d",
@@ -202,6 +205,48 @@ def unet2d(*, side: int = 256, filters: int = 64, depth: int = 5, classes: int =
         x = layers.Conv2DTranspose(f, 2, strides=2, padding="same")(x)
         x = block(layers.Concatenate()([skips[level], x]), f)
     return keras.Model(inputs, layers.Conv2D(classes, 1)(x), name="unet2d")
+
+
+def lstm_classifier(
+    *,
+    seq: int = 100,
+    vocab: int = 20000,
+    embed: int = 128,
+    units: int = 512,
+    layers_: int = 2,
+    classes: int = 2,
+) -> Any:
+    """A text classifier as the Keras examples write it: token embedding, stacked LSTMs (the
+    last returns its final state), logits. Unrolled (`unroll=True`): the tool refuses loops
+    (`rewriter.capture`), and unrolling is what it tells a user to do."""
+    import keras
+    from keras import layers
+
+    ids = keras.Input((seq,), dtype="int32", name="tokens")
+    x = layers.Embedding(vocab, embed)(ids)
+    for i in range(layers_):
+        x = layers.LSTM(units, return_sequences=i < layers_ - 1, unroll=True)(x)
+    return keras.Model(ids, layers.Dense(classes)(x), name="lstm_classifier")
+
+
+def gru_seq2seq(
+    *, source: int = 50, target: int = 50, vocab: int = 8000, embed: int = 256, units: int = 512
+) -> Any:
+    """A GRU encoder-decoder for translation (Cho et al., 2014, as the Keras examples write
+    it): the encoder's final state starts the decoder, which reads the shifted target, logits
+    over the target vocabulary. One input of `source + target` token ids, split; unrolled as
+    `lstm_classifier` is."""
+    import keras
+    from keras import layers
+
+    ids = keras.Input((source + target,), dtype="int32", name="tokens")
+    src = layers.Embedding(vocab, embed, name="source_embedding")(ids[:, :source])
+    tgt = layers.Embedding(vocab, embed, name="target_embedding")(ids[:, source:])
+    _, state = layers.GRU(units, return_state=True, unroll=True, name="encoder")(src)
+    out = layers.GRU(units, return_sequences=True, unroll=True, name="decoder")(
+        tgt, initial_state=state
+    )
+    return keras.Model(ids, layers.Dense(vocab)(out), name="gru_seq2seq")
 
 
 def adamw(learning_rate: float = 1e-4, weight_decay: float = 0.05) -> Any:

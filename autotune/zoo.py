@@ -144,6 +144,12 @@ def _adam() -> Any:
     return keras.optimizers.Adam(learning_rate=1e-4)
 
 
+def _adam_lr3() -> Any:
+    import keras
+
+    return keras.optimizers.Adam(learning_rate=1e-3)
+
+
 #: Models nobody wrote for the tool (`autotune.corpus`), each with its usual optimizer.
 _CORPUS = (
     ZooEntry("resnet50v2", "keras.applications ResNet50V2, 224x224x3, SGD momentum", _app(
@@ -166,6 +172,10 @@ _CORPUS = (
              corpus.encoder_decoder, optimizer=_adam_beta98),
     ZooEntry("unet2d", "2D U-Net with batch norm (64-1024 filters), 256x256x3, Adam",
              corpus.unet2d, optimizer=_adam),
+    ZooEntry("lstm-classifier", "2-layer LSTM text classifier (512 units, unrolled), 100 "
+             "tokens, Adam", corpus.lstm_classifier, optimizer=_adam_lr3),
+    ZooEntry("gru-seq2seq", "GRU encoder-decoder (512 units, unrolled), 50+50 tokens, Adam",
+             corpus.gru_seq2seq, optimizer=_adam_lr3),
 )  # fmt: skip
 
 ZOO: dict[str, ZooEntry] = {

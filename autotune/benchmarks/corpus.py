@@ -87,6 +87,9 @@ CORPUS = (
     Member("transformer-base", capture_batches=_TEXT, small={"source": 16, "target": 16,
                                                              "vocab": 100, **_SMALL_TEXT}),
     Member("unet2d", small={"side": 32, "filters": 8, "depth": 3}),
+    Member("lstm-classifier", small={"seq": 8, "vocab": 100, "embed": 16, "units": 32}),
+    Member("gru-seq2seq", small={"source": 6, "target": 6, "vocab": 50, "embed": 16,
+                                 "units": 32}),
     Member("unet3d", small={"filters": (4, 8, 16, 32)}, small_size=16),
     Member("unet3d-isensee2017", small={"base_filters": 4}, small_size=16),
 )  # fmt: skip
