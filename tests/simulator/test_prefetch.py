@@ -149,4 +149,9 @@ def test_postponed_waits_keep_the_live_bytes_within_the_limit_or_the_plans_own_p
     after, counted = postpone_waits(g, timeline, plan, before, limit, link, engine.context.backward)
     check_plan(g, engine.order, after)
     assert int(live(after).max()) <= max(limit, int(before.max()))
-    assert int(counted.max()) <= max(limit, int(before.max())) and (counted >= before).all()
+    # the count holds each device copy to its waiter: a waiter derivation already set (a
+    # swap-out no forward op reads) may hold it longer than the simulation, which frees it
+    # when its copy ends
+    held = sum(s.nbytes for s in plan.swaps if s.waiter)
+    assert int(counted.max()) <= max(limit, int(before.max()) + held)
+    assert (counted >= before).all()
