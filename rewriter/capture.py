@@ -75,7 +75,7 @@ def capture_function(
     cf = fn.get_concrete_function(*specs)
     seconds = time.perf_counter() - start
     graph = graph_from_concrete(cf)
-    graph.rewritten = _rewritten(cf, graph)
+    graph.rewritten_later(lambda: _rewritten(cf, graph))
     if distributed is None:
         return Captured(graph, cf, specs, list(cf.variables), seconds)
     from rewriter.replicas import replica_graphs

@@ -6,8 +6,10 @@ checks them after an import or a rewrite, in the manner of torch.fx.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
 __all__ = ["Graph", "GraphError", "Op", "Tensor", "TensorKind"]
 
@@ -94,14 +96,35 @@ class Graph:
         #: per op, the order of its successors where a graph pass changed the order of its
         #: out-edges (the order in which the executor sees them); others follow their outputs
         self.edge_order: dict[str, list[str]] = {}
-        #: the ops Grappler rewrote when it optimized the captured step (regrouped sums and
-        #: products, fused kernels: `rewriter.optimized.rewritten_ops`). It skips a node
-        #: driven by or driving a control dependency, so a plan's trigger, waiter or order
-        #: edge on one of them would make the step compute, and round, otherwise
-        self.rewritten: frozenset[str] = frozenset()
+        self._rewritten: frozenset[str] = frozenset()
+        self._rewritten_later: Callable[[], frozenset[str]] | None = None
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, ops={len(self.ops)}, tensors={len(self.tensors)})"
+
+    @property
+    def rewritten(self) -> frozenset[str]:
+        """The ops Grappler rewrote when it optimized the captured step (regrouped sums and
+        products, fused kernels: `rewriter.optimized.rewritten_ops`). It skips a node driven
+        by or driving a control dependency, so a plan's trigger, waiter or order edge on one
+        of them would make the step compute, and round, otherwise."""
+        if self._rewritten_later is not None:
+            self._rewritten, self._rewritten_later = self._rewritten_later(), None
+        return self._rewritten
+
+    @rewritten.setter
+    def rewritten(self, ops: frozenset[str]) -> None:
+        self._rewritten, self._rewritten_later = ops, None
+
+    def rewritten_later(self, find: Callable[[], frozenset[str]]) -> None:
+        """Have `find` give `rewritten` when it is first read: Grappler's pass takes seconds,
+        and a capture that only sizes a family of graphs (`simulator.scaling`) never reads it."""
+        self._rewritten_later = find
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_rewritten=self.rewritten, _rewritten_later=None)
+        return state
 
     def add_op(self, op: Op, tensors: list[Tensor]) -> Op:
         """Insert `op` with its output tensors; its inputs must already exist (topological)."""

@@ -39,6 +39,30 @@ def test_two_captures_give_the_graph_of_a_third_exactly(model: str) -> None:
     assert family.lower_bound(7) == lower_bound_bytes(real)  # without building the graph
 
 
+def test_a_family_runs_grapplers_pass_on_its_first_capture_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second capture only sizes the family; finding what Grappler rewrites takes seconds
+    on a real model (2 s of the main job), so it is found where it is read."""
+    import pickle
+
+    import rewriter.optimized
+
+    calls = []
+    real = rewriter.optimized.rewritten_ops
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(rewriter.optimized, "rewritten_ops", counted)
+    family = StepFamily.capture(capturer("tiny-transformer"), get_preset("v100-16gb-nvlink2"))
+    assert not calls
+    graph = family.engine(12).graph
+    assert graph.rewritten and len(calls) == 1
+    assert pickle.loads(pickle.dumps(graph)).rewritten == graph.rewritten and len(calls) == 1
+
+
 @pytest.fixture(scope="module")
 def steps() -> StepFamily:
     return StepFamily.capture(capturer("tiny-cnn"), get_preset("v100-16gb-nvlink2"), (4, 8))
