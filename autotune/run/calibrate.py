@@ -112,12 +112,14 @@ def _probe_switching(
     switching = {pos: p for pos, p in ops.items() if p.scratch is not None and p.type in
                  SWITCHING_TYPES}  # fmt: skip
     fg = captured.concrete_function.graph
+    present = {op.name for op in fg.get_operations()}
     out = dict(ops)
     for i, (pos, p) in enumerate(switching.items()):
         if on_stage:
             on_stage(f"timing {p.type} under its other algorithm ({i + 1}/{len(switching)})")
-        other = probe_other_kernel(fg.get_operation_by_name(p.name), p.seconds[1], steps)
-        out[pos] = replace(p, other=other)
+        if p.name in present:
+            other = probe_other_kernel(fg.get_operation_by_name(p.name), p.seconds[1], steps)
+            out[pos] = replace(p, other=other)
     return out
 
 
