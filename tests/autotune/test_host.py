@@ -2,6 +2,7 @@
 
 import pytest
 
+import autotune.search.host
 from autotune.search.host import (
     PINNED_ENV,
     default_host_memory,
@@ -38,6 +39,8 @@ def test_default_limit_on_a_gpu_machine_is_the_smaller_of_ram_and_cap(
     assert default_host_memory(gpu_visible=False) is None
     free = free_ram_bytes()
     assert free is not None and free > 0
+    # the machine's free RAM moves between two reads (other processes): one reading here
+    monkeypatch.setattr(autotune.search.host, "free_ram_bytes", lambda: free)
     monkeypatch.setenv(PINNED_ENV, "1024")
     assert default_host_memory(gpu_visible=True) == min(free, 1 << 30)
     monkeypatch.setenv(PINNED_ENV, str(1 << 30))  # 1 PiB: the RAM is smaller
