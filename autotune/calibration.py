@@ -127,9 +127,9 @@ class Calibration:
             elements = op_elements(graph, name)
             if name in own:
                 moved = _switched(own[name], op.cpu_scratch)
-                out[name] = own[name].at(elements, switched=bool(moved))
+                out[name] = own[name].at(elements, switched=moved)
                 switched += moved
-                unprobed += int(bool(moved) and own[name].other is None)
+                unprobed += moved and own[name].other is None
             elif op.type in rates:
                 out[name] = rates[op.type] * elements
                 by_type += 1
@@ -268,11 +268,11 @@ def resolve_device(device: str | DevicePreset | None) -> DevicePreset | None:
     return get_preset(device)
 
 
-def _switched(points: OpPoints, cpu_scratch: int | None) -> int:
-    """1 when the op's CPU kernel takes another algorithm than at the larger calibrated size."""
+def _switched(points: OpPoints, cpu_scratch: int | None) -> bool:
+    """Whether the op's CPU kernel takes another algorithm than at the larger calibrated size."""
     if points.scratch is None or cpu_scratch is None:
-        return 0
-    return int(bool(cpu_scratch) != points.scratch[1])
+        return False
+    return bool(cpu_scratch) != points.scratch[1]
 
 
 def op_elements(graph: Graph, name: str) -> int:

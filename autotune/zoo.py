@@ -138,16 +138,10 @@ def _adam_beta98() -> Any:
     return keras.optimizers.Adam(learning_rate=1e-4, beta_2=0.98, epsilon=1e-9)
 
 
-def _adam() -> Any:
+def _adam(learning_rate: float = 1e-4) -> Any:
     import keras
 
-    return keras.optimizers.Adam(learning_rate=1e-4)
-
-
-def _adam_lr3() -> Any:
-    import keras
-
-    return keras.optimizers.Adam(learning_rate=1e-3)
+    return keras.optimizers.Adam(learning_rate=learning_rate)
 
 
 #: Models nobody wrote for the tool (`autotune.corpus`), each with its usual optimizer.
@@ -173,9 +167,9 @@ _CORPUS = (
     ZooEntry("unet2d", "2D U-Net with batch norm (64-1024 filters), 256x256x3, Adam",
              corpus.unet2d, optimizer=_adam),
     ZooEntry("lstm-classifier", "2-layer LSTM text classifier (512 units, unrolled), 100 "
-             "tokens, Adam", corpus.lstm_classifier, optimizer=_adam_lr3),
+             "tokens, Adam", corpus.lstm_classifier, optimizer=functools.partial(_adam, 1e-3)),
     ZooEntry("gru-seq2seq", "GRU encoder-decoder (512 units, unrolled), 50+50 tokens, Adam",
-             corpus.gru_seq2seq, optimizer=_adam_lr3),
+             corpus.gru_seq2seq, optimizer=functools.partial(_adam, 1e-3)),
 )  # fmt: skip
 
 ZOO: dict[str, ZooEntry] = {

@@ -24,7 +24,7 @@ __all__ = ["ProbePoints", "probe_other_kernel"]
 #: (elements at each probed batch, seconds at each): the other algorithm's two points
 ProbePoints = tuple[tuple[int, int], tuple[float, float]]
 
-_SCALING = 1 << 10  # the farthest a probe looks: 1024 times the calibrated batch, or batch 1
+_DOUBLINGS = 10  # the farthest a probe looks: 2**10 times the calibrated batch, or batch 1
 
 
 def probe_other_kernel(tf_op: Any, in_graph_seconds: float, steps: int) -> ProbePoints | None:
@@ -94,16 +94,20 @@ def _at(tf_op: Any, shapes: Shapes, factor: float) -> tuple[list[Shape], list[Sh
 
 def _regime(tf_op: Any, shapes: Shapes, factor: float) -> bool:
     """Whether the kernel takes its column buffer at the batch scaled by `factor`."""
+    return bool(_scratch(tf_op, shapes, factor))
+
+
+def _scratch(tf_op: Any, shapes: Shapes, factor: float) -> int | None:
+    """The kernel's own buffer at the batch scaled by `factor` (`cpu_scratch_bytes`)."""
     inputs, outputs = _at(tf_op, shapes, factor)
     itemsize = tf_op.outputs[0].dtype.size
-    scratch = cpu_scratch_bytes(tf_op.type, list(inputs), list(outputs), itemsize, cpu_kernels())
-    return bool(scratch)
+    return cpu_scratch_bytes(tf_op.type, list(inputs), list(outputs), itemsize, cpu_kernels())
 
 
 def _other_batches(other: Callable[[int], bool], batch: int) -> tuple[int, int] | None:
     """The two batches of the other algorithm nearest to `batch`: the first one above it and
     its double, or else the last one below it and its half; None if there is none."""
-    high = next((batch << k for k in range(1, _SCALING.bit_length()) if other(batch << k)), None)
+    high = next((batch << k for k in range(1, _DOUBLINGS + 1) if other(batch << k)), None)
     if high is not None:
         low = high >> 1  # not other: find the first that is, between low and high
         while high - low > 1:
@@ -129,11 +133,10 @@ def _elements(tf_op: Any, shapes: Shapes, factor: float) -> int:
 
 
 def _bytes(tf_op: Any, shapes: Shapes, factor: float) -> int:
+    """The op's tensors and its own buffer, in bytes, at the batch scaled by `factor`."""
     inputs, outputs = _at(tf_op, shapes, factor)
-    itemsize = tf_op.outputs[0].dtype.size
-    tensors = sum(math.prod(s) for s in (*inputs, *outputs)) * itemsize
-    scratch = cpu_scratch_bytes(tf_op.type, list(inputs), list(outputs), itemsize, cpu_kernels())
-    return tensors + (scratch or 0)
+    tensors = sum(math.prod(s) for s in (*inputs, *outputs)) * tf_op.outputs[0].dtype.size
+    return tensors + (_scratch(tf_op, shapes, factor) or 0)
 
 
 def _free_bytes() -> int:
