@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.progress import Progress
 from autotune.report.facts import edge_lines, facts
 from autotune.units import byte_unit
+from simulator.memory import fewer_collections
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -134,6 +135,7 @@ def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, 
     return out
 
 
+@fewer_collections()
 def write_report(tuned: TuningResult, directory: Path, progress: Progress | None = None) -> Path:
     """Write the report files into `directory` and return the path of report.md; `progress`
     shows its stages (the batch curve's sizes, the plots, the files)."""

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from simulator.errors import UserError
+from simulator.memory import fewer_collections
 
 if TYPE_CHECKING:
     from autotune.search.batching import BatchSearch, StepFamily
@@ -101,9 +102,10 @@ def _work(payload: bytes, messages: Any) -> None:
     try:
         steps, method, search = pickle.loads(payload)
         gc.freeze()  # the modules and the step live as long as the worker (see the CLI's main)
-        found = largest_batch(
-            steps, method, on_probe=lambda m, b: messages.put(("probe", m, b)), **search
-        )
+        with fewer_collections():
+            found = largest_batch(
+                steps, method, on_probe=lambda m, b: messages.put(("probe", m, b)), **search
+            )
         if found.outcome is not None:  # the study stays here: only its figures are read
             found = replace(found, outcome=replace(found.outcome, study=None))
         messages.put(("done", pickle.dumps(found)))

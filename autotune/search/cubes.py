@@ -23,6 +23,7 @@ from autotune.search.studies import default_storage, study_name
 from autotune.units import format_sized as _sized
 from rewriter.capture import Captured
 from simulator import DevicePreset
+from simulator.memory import fewer_collections
 
 __all__ = ["cube_capturer", "fit_max_cube"]
 
@@ -31,6 +32,7 @@ __all__ = ["cube_capturer", "fit_max_cube"]
 Builder = Callable[[int], Any]
 
 
+@fewer_collections()
 def fit_max_cube(
     build: Builder,
     cube_step: int,

@@ -53,6 +53,7 @@ from simulator import DevicePreset, get_preset
 from simulator.derive import PlanParams
 from simulator.engine import Engine
 from simulator.errors import UserError
+from simulator.memory import fewer_collections
 
 __all__ = [
     "BudgetError",
@@ -81,6 +82,7 @@ def check_budget(engine: Engine, budget: Budget) -> None:
         )
 
 
+@fewer_collections()
 def tune_captured(
     captured: Captured | None,
     engine: Engine,
@@ -161,6 +163,7 @@ def _baselines(
     }
 
 
+@fewer_collections()
 def fit(
     step_or_model: Any,
     *example_args: Any,

@@ -102,6 +102,26 @@ def test_a_budget_that_fits_without_swapping_returns_the_untouched_step(tmp_path
     assert tuned.step is tuned.captured.concrete_function
 
 
+def test_the_search_runs_with_fewer_collections(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    from simulator.engine import Engine
+    from simulator.memory import SEARCH_GC_THRESHOLD
+
+    seen, evaluate = [], Engine.evaluate
+
+    def recorded(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(gc.get_threshold()[0])
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "evaluate", recorded)
+    before = gc.get_threshold()
+    step, _ = make_step()
+    autotune.fit(step, *specs(), gpu_memory="16MiB", trials=3, out=tmp_path)
+    assert seen and min(seen) >= SEARCH_GC_THRESHOLD
+    assert gc.get_threshold() == before
+
+
 def test_a_budget_below_the_lower_bound_names_the_smallest_that_could_fit(tmp_path) -> None:  # type: ignore[no-untyped-def]
     step, _ = make_step()
     with pytest.raises(BudgetError, match=r"smallest device memory that could ever fit is .* B\)"):

@@ -255,3 +255,24 @@ def test_a_scratch_buffer_compiled_like_another_dies_at_its_ops_new_step() -> No
     fresh = compile_program(edged)
     assert like.order.position["a"] > compile_program(g).order.position["a"]
     assert simulate_memory(like).trace.rows == simulate_memory(fresh).trace.rows
+
+
+def test_fewer_collections_raises_the_young_threshold_and_restores_it() -> None:
+    import gc
+
+    from simulator.memory import SEARCH_GC_THRESHOLD, fewer_collections
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with fewer_collections():
+            assert gc.get_threshold() == (SEARCH_GC_THRESHOLD, 10, 10)
+            with fewer_collections():  # nested: unchanged, and the outer one restores
+                assert gc.get_threshold()[0] == SEARCH_GC_THRESHOLD
+            assert gc.get_threshold()[0] == SEARCH_GC_THRESHOLD
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(50_000, 10, 10)  # a process that asked for fewer already keeps it
+        with fewer_collections():
+            assert gc.get_threshold()[0] == 50_000
+    finally:
+        gc.set_threshold(*before)
