@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,7 +46,14 @@ from simulator.opsemantics import (
     SHAPE_ONLY,
     fused_together,
 )
-from simulator.order_edges import Edge, deferral_edges, feeder_edges, find_order_edges, grouped
+from simulator.order_edges import (
+    Edge,
+    deferral_edges,
+    feeder_edges,
+    find_order_edges,
+    grouped,
+    held_input_edges,
+)
 from simulator.refine import Finish, Planned, guarded, late_swaps, plan_of
 from simulator.replay import with_allocator
 from simulator.timing import Link
@@ -175,24 +183,70 @@ class Engine:
             return self.serialized()
         return self._with_edges(edges)
 
+    def _if_lower(
+        self,
+        edges: tuple[Edge, ...],
+        together: Mapping[str, tuple[str, ...]],
+        base: tuple[Graph, SimResult, Order],
+    ) -> tuple[tuple[Edge, ...], tuple[Graph, SimResult, Order]]:
+        """`edges` (each into and out of the ops run as one kernel with its ends) and the
+        graph `base` simulated with them (least-memory plan), if they lower its peak; else
+        none and `base`."""
+        edges = tuple(e for d in edges for e in grouped(d, together))
+        if not edges:
+            return (), base
+        ordered = base[0].with_control_edges(edges)
+        result, order = self._least_memory(ordered)
+        if result.peak_bytes >= base[1].peak_bytes:
+            return (), base
+        return edges, (ordered, result, order)
+
     def _order_edges(self) -> tuple[Edge, ...]:
         """Deferral edges (ops made from held buffers wait for their readers' other inputs)
         if they lower the least-memory peak (an op run later may also make a short-lived
-        output at a fuller moment), then the edges `find_order_edges` finds after them."""
+        output at a fuller moment), then the edges `find_order_edges` finds after them.
+        Edges for ops whose inputs are held anyway (`held_input_edges`) that lower the peak
+        too are tried as well: the edges found after them may differ, so both sets are
+        found, and the one whose least-memory plan peaks lower with the time model (when
+        there is one) is kept."""
         together = fused_together(self.graph)
         feeders = self.context.backward - self.context.flow
         deferred = deferral_edges(self.graph, self.order)
         deferred += feeder_edges(self.graph, self.order, feeders)
-        deferred = tuple(e for d in deferred for e in grouped(d, together))
-        graph = self.graph.with_control_edges(deferred)
-        if deferred:
-            peak = self._least_memory(self.graph)[0].peak_bytes
-            if self._least_memory(graph)[0].peak_bytes >= peak:
-                deferred, graph = (), self.graph
-        found = find_order_edges(
-            graph, self._least_memory, start_level=self.backward_level(), together=together
+        base = (self.graph, *self._least_memory(self.graph))
+        deferred, base = self._if_lower(deferred, together, base)
+        without = deferred + self._found_after(base, together)
+        held, held_base = self._if_lower(held_input_edges(base[0], base[2]), together, base)
+        if not held:
+            return without
+        with_held = deferred + held + self._found_after(held_base, together)
+        peaks = [self._ordered_peak(edges) for edges in (without, with_held)]
+        return with_held if peaks[1] < peaks[0] else without
+
+    def _found_after(
+        self, base: tuple[Graph, SimResult, Order], together: Mapping[str, tuple[str, ...]]
+    ) -> tuple[Edge, ...]:
+        """The edges `find_order_edges` finds on `base` (a graph, its least-memory
+        simulation and order)."""
+        graph, known = base[0], base[1:]
+
+        def peak_of(g: Graph) -> tuple[SimResult, Order]:
+            return known if g is graph else self._least_memory(g)
+
+        return find_order_edges(
+            graph, peak_of, start_level=self.backward_level(), together=together
         )
-        return deferred + found
+
+    def _ordered_peak(self, edges: tuple[Edge, ...]) -> int:
+        """The least-memory plan's peak with `edges`, with the time model where this engine
+        has one (a tensor is then held until its copy ends)."""
+        graph = self.graph.with_control_edges(edges)
+        timed = self.timeline is not None and self.device is not None
+        engine = Engine.build(
+            graph, device=self.device, cost=self.cost if timed else None,
+            lower_bound=self.lower_bound, like=self,
+        )  # fmt: skip
+        return engine.evaluate(LEAST_MEMORY, timed=timed).peak_bytes
 
     def _shared_edges(self) -> tuple[Edge, ...] | None:
         """Edges found for a graph of this step whose lower bound is within `EDGE_REUSE` of

@@ -30,6 +30,14 @@ needed (the figures are in docs/method.md).
 the backward pass reads: a custom gradient's recomputation (Keras' swish recomputes its
 sigmoid in its gradient). Ready during the forward pass, they run then and their outputs are
 held until the gradient reaches them; deferred, they run when it does.
+
+`held_input_edges` defer, the same way, an op whose inputs stay live past its first reader
+anyway (read again later, or resident): run later, it holds no input longer and its output
+for less time. In an unrolled recurrent layer every time step's input projection is ready as
+soon as the layer below has made its input, and runs then: one projection per time step held
+at once until the recurrence reaches it. The edge waits for the latest input of the reader or
+of the ops deferred with it to that reader (a recurrence's sum reads two products: the input
+projection waits for the state's).
 """
 
 from __future__ import annotations
@@ -40,7 +48,14 @@ from simulator.graph import Graph, GraphError, TensorKind
 from simulator.memory import SimResult
 from simulator.order import Order
 
-__all__ = ["Edge", "deferral_edges", "feeder_edges", "find_order_edges", "grouped"]
+__all__ = [
+    "Edge",
+    "deferral_edges",
+    "feeder_edges",
+    "find_order_edges",
+    "grouped",
+    "held_input_edges",
+]
 
 Edge = tuple[str, str]
 #: The simulation of a graph: its result and the order it walked.
@@ -101,6 +116,52 @@ def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
     return _deadline_edges(graph, order, early, lambda name: _makes_device_bytes(graph, name))
 
 
+def held_input_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
+    """Edges `(source, op)` that make an op whose inputs are held past its deadline anyway
+    wait until its output is needed: run later, it holds no input longer and its output for
+    less time. In an unrolled recurrent layer every time step's input projection
+    (`x_t @ W`) is ready once the layer below has made `x_t`, and in the categorized order
+    all of them run before the recurrence reads the first: one per time step held at once.
+    No edge touches an op Grappler rewrote in the original step (`Graph.rewritten`)."""
+    pos = order.position
+    early = _early(graph, order)
+    movable = frozenset(
+        name for name in order.ops
+        if name not in early and _makes_device_bytes(graph, name)
+        and _held_until(graph, pos, name, min((pos[c] for c in graph.successors(name)),
+                                              default=-1))
+    )  # fmt: skip
+    deadline = _deadlines(graph, order, movable)
+    feeding: dict[str, list[str]] = {}
+    for name, end in deadline.items():
+        feeding.setdefault(end, []).append(name)
+    out: list[Edge] = []
+    fixed = graph.rewritten
+    for end, ops in feeding.items():
+        # the latest input of the deadline or of an op run for it: where every input of the
+        # deadline is such an op (a recurrence's two products), the one made last
+        found = (_latest_input(graph, n, movable, pos) for n in (end, *ops))
+        source = max((f for f in found if f is not None), key=pos.__getitem__, default=None)
+        if source is None:
+            continue
+        out += [(source, n) for n in ops if n not in fixed and pos[source] > pos[n]
+                and _held_until(graph, pos, n, pos[end])]  # fmt: skip
+    return tuple(out)
+
+
+def _held_until(graph: Graph, pos: Mapping[str, int], name: str, step: int) -> bool:
+    """Whether every input of op `name` is resident or read again at `step` or later."""
+    if step < 0:
+        return False
+    for t in graph.ops[name].inputs:
+        tensor = graph.tensors[t]
+        if tensor.kind.resident:
+            continue
+        if max(pos[c] for c in tensor.consumers) < step:
+            return False
+    return True
+
+
 def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[Edge, ...]:
     """Edges `(source, op)` for each op of `feeders` (ops whose outputs only the backward
     pass reads, computed from forward tensors), to the first non-feeder op its outputs reach
@@ -122,13 +183,7 @@ def _deadline_edges(
     deadline), so a cycle would have to stay at one position along edges of the graph alone.
     """
     pos = order.position
-    deadline: dict[str, str] = {}
-    for name in reversed(order.ops):
-        if name in movable:
-            ends = [deadline.get(c) if c in movable else c for c in graph.successors(name)]
-            known = [e for e in ends if e is not None]
-            if known:
-                deadline[name] = min(known, key=pos.__getitem__)
+    deadline = _deadlines(graph, order, movable)
     out: list[Edge] = []
     fixed = graph.rewritten
     for name in order.ops:
@@ -139,6 +194,20 @@ def _deadline_edges(
         if source is not None and pos[source] > pos[name]:
             out.append((source, name))
     return tuple(out)
+
+
+def _deadlines(graph: Graph, order: Order, movable: Set[str]) -> dict[str, str]:
+    """Each op of `movable`'s deadline: the first op (in `order`) not in `movable` that it
+    reaches, by data or control edges, through ops of `movable` (none if it reaches none)."""
+    pos = order.position
+    deadline: dict[str, str] = {}
+    for name in reversed(order.ops):
+        if name in movable:
+            ends = [deadline.get(c) if c in movable else c for c in graph.successors(name)]
+            known = [e for e in ends if e is not None]
+            if known:
+                deadline[name] = min(known, key=pos.__getitem__)
+    return deadline
 
 
 def _latest_input(graph: Graph, op: str, movable: Set[str], pos: Mapping[str, int]) -> str | None:

@@ -183,3 +183,20 @@ def held_gradient() -> Graph:
     b0 = add(g, "gradient_tape/b0", add(g, "gradient_tape/b1a", b1, 1024) + x, 4096)
     g.mark_outputs(add(g, "sgd/update", gw + b0, 256))
     return g
+
+
+def unrolled_recurrence(steps: int = 4) -> Graph:
+    """A layer makes x_0..x_n (held: a loss reads them all), and a recurrence reads them:
+    p_t = x_t @ w and q_t = h_(t-1) @ u, h_t = p_t + q_t, as an unrolled RNN does."""
+    g = Graph("unrolled_recurrence")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    w = add(g, "w", [], 256, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    u = add(g, "u", [], 256, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    xs = [add(g, f"x{t}", x, 1024) for t in range(steps)]
+    h = add(g, "h0", x, 1024)
+    for t in range(1, steps):
+        p = add(g, f"p{t}", xs[t] + w, 4096, type="MatMul")
+        q = add(g, f"q{t}", h + u, 4096, type="MatMul")
+        h = add(g, f"h{t}", p + q, 1024)
+    g.mark_outputs(add(g, "loss", h + [t for x_t in xs for t in x_t], 4))
+    return g

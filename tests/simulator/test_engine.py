@@ -10,6 +10,7 @@ from tests.simulator.builders import (
     momentum_step,
     training_branches,
     training_chain,
+    unrolled_recurrence,
 )
 
 
@@ -206,3 +207,11 @@ def test_an_engine_built_from_one_at_other_sizes_is_the_engine_built_alone() -> 
     for params in (PlanParams(), PlanParams(n_tensors=-1, sync_out=True, backward_swaps=True)):
         a, r = alone.evaluate(params), resized.evaluate(params)
         assert a.plan == r.plan and a.result.peak_bytes == r.result.peak_bytes
+
+
+def test_ops_whose_inputs_are_held_anyway_are_deferred_where_that_lowers_the_peak() -> None:
+    engine = Engine.build(unrolled_recurrence())
+    serial = engine.serialized()
+    assert {("q2", "p2"), ("q3", "p3")} <= set(serial.edges)
+    least = PlanParams(n_tensors=0)
+    assert serial.evaluate(least).peak_bytes < engine.evaluate(least).peak_bytes

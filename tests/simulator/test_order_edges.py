@@ -10,8 +10,8 @@ from simulator import (
     compile_program,
     simulate_memory,
 )
-from simulator.order_edges import deferral_edges, find_order_edges
-from tests.simulator.builders import add, momentum_step, random_graphs
+from simulator.order_edges import deferral_edges, find_order_edges, held_input_edges
+from tests.simulator.builders import add, momentum_step, random_graphs, unrolled_recurrence
 
 
 def live_peak(g: Graph) -> tuple[SimResult, Order]:
@@ -228,4 +228,35 @@ def test_an_op_is_deferred_only_up_to_its_first_reader() -> None:
 @given(random_graphs())
 def test_deferral_edges_keep_the_graph_acyclic(g: Graph) -> None:
     edges = deferral_edges(g, live_peak(g)[1])
+    categorized_order(g.with_control_edges(edges))  # raises GraphError on a cycle
+
+
+def test_an_op_whose_inputs_are_held_anyway_waits_for_the_last_input_of_its_reader() -> None:
+    g = unrolled_recurrence()
+    result, order = live_peak(g)
+    assert all(order.position[f"p{t}"] < order.position["h1"] for t in range(1, 4))  # early
+    edges = held_input_edges(g, order)
+    # each projection waits for the other product its sum reads (made from the last state),
+    # and so does each x_t (made from the input alone, read by the loss too)
+    assert {("q1", "p1"), ("q2", "p2"), ("q3", "p3"), ("q3", "x3")} <= set(edges)
+    lower, later = live_peak(g.with_control_edges(edges))
+    assert later.position["p3"] > later.position["h2"]
+    assert lower.peak_bytes < result.peak_bytes
+
+
+def test_an_op_whose_input_would_be_held_longer_is_not_deferred() -> None:
+    g = Graph("short_input")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 4096)
+    m = add(g, "m", a, 1024)  # the last reader of a: run later, it would hold a longer
+    b = add(g, "b", x, 1024)
+    c = add(g, "c", b, 1024)
+    g.mark_outputs(add(g, "r", m + c, 256))
+    assert not any(e[1] == "m" for e in held_input_edges(g, live_peak(g)[1]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(random_graphs())
+def test_held_input_edges_keep_the_graph_acyclic(g: Graph) -> None:
+    edges = held_input_edges(g, live_peak(g)[1])
     categorized_order(g.with_control_edges(edges))  # raises GraphError on a cycle
