@@ -146,14 +146,19 @@ class Engine:
         `lower_bound` saves its computation when it is known (it does not depend on order);
         `like`, an engine of this graph without some of its control edges, saves what follows
         data edges alone (`PlanContext.build`) and what each op places (`compile_program`);
-        `resized`, an engine of this graph at other sizes (its ops and edges), saves the levels
-        and what follows data edges alone."""
+        `resized`, an engine of this graph at other sizes (its ops and edges), saves the levels,
+        what follows data edges alone, and the lowering but for the sizes."""
         same = like or resized
         levels = resized.context.order if resized else categorized_order(graph)
         walk = order or levels
         context = PlanContext.build(graph, levels, like=same.context if same else None)
         timeline = Timeline.build(walk, cost) if cost and any(cost.values()) else None
-        program = compile_program(graph, walk, like=like.program if like else None)
+        program = compile_program(
+            graph,
+            walk,
+            like=like.program if like else None,
+            resized=resized.program if resized else None,
+        )
         bound = lower_bound_bytes(graph) if lower_bound is None else lower_bound
         engine = cls(graph, walk, program, context, device, timeline, bound, cost)
         engine.recorded = order is not None

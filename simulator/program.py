@@ -6,7 +6,7 @@ the variable writes that move variables between buffers."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from simulator.graph import Graph
@@ -97,15 +97,22 @@ def compile_program(
     *,
     granularity: int = GRANULARITY,
     like: Program | None = None,
+    resized: Program | None = None,
 ) -> Program:
     """Lower `graph` in `order` (the categorized order by default) for `simulate_memory`.
     `like` is the program of a graph with the same ops and tensors in another order (its
     control edges may differ, as order edges add): what each op places is taken over, in its
     numbering (a kernel's scratch buffer keeps its id), and only what follows from the
-    positions is lowered again."""
+    positions is lowered again. `resized` is the program of this graph at other sizes in
+    the same order: only the sizes are taken anew, where the same tensors and kernel
+    scratch buffers have bytes (else the graph is lowered in full)."""
     order = order or categorized_order(graph)
     if like is not None:
         return _reordered(graph, order, like)
+    if resized is not None:
+        sized = _resized(graph, order, resized, granularity)
+        if sized is not None:
+            return sized
     names = list(graph.tensors)
     tid = {name: i for i, name in enumerate(names)}
     tensors = [graph.tensors[n] for n in names]
@@ -172,6 +179,31 @@ def _reordered(graph: Graph, order: Order, like: Program) -> Program:
             if t >= len(like.tid):  # a kernel's scratch buffer: it dies at its own step
                 last[t] = p
     return _program(graph, order, like.names, steps, last, like.alloc_bytes, like.tid)
+
+
+def _resized(graph: Graph, order: Order, other: Program, granularity: int) -> Program | None:
+    """`other` (this graph's program at other sizes, in `order`) with this graph's sizes;
+    None where a tensor or a kernel's scratch has bytes in one and none in the other (what
+    is walked would differ), or the ops, tensors or order differ."""
+    if other.order.ops != order.ops or len(other.tid) != len(graph.tensors):
+        return None
+    tid = other.tid
+    alloc = [0] * len(other.alloc_bytes)
+    for name, t in graph.tensors.items():
+        i = tid.get(name)
+        if i is None:
+            return None
+        alloc[i] = round_up(t.nbytes, granularity)
+    for i in range(len(tid), len(alloc)):  # kernels' scratch: named `op:scratch`
+        alloc[i] = round_up(graph.ops[other.names[i][: -len(":scratch")]].scratch, granularity)
+    if any(bool(a) != bool(b) for a, b in zip(alloc, other.alloc_bytes)):
+        return None
+    steps = [[(t, alloc[t], f, c) for t, _, f, c in outs] for outs in other.steps]
+    held_names = [n for n, i in tid.items() if alloc[i] and graph.tensors[n].kind.resident]
+    held = tuple(alloc[tid[n]] for n in held_names)
+    return replace(
+        other, steps=steps, alloc_bytes=alloc, persistent_bytes=sum(held), resident_sizes=held
+    )
 
 
 def _assignments(

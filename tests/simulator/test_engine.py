@@ -1,5 +1,8 @@
 from dataclasses import replace
 
+import pytest
+
+from simulator import compile_program
 from simulator.derive import PlanParams
 from simulator.engine import EDGE_REUSE, Engine
 from simulator.graph import Graph, TensorKind
@@ -204,6 +207,7 @@ def test_an_engine_built_from_one_at_other_sizes_is_the_engine_built_alone() -> 
     assert resized.order is small.order and resized.context.order is small.context.order
     assert resized.context.candidates == alone.context.candidates
     assert resized.lower_bound == alone.lower_bound > small.lower_bound
+    assert resized.program == alone.program
     for params in (PlanParams(), PlanParams(n_tensors=-1, sync_out=True, backward_swaps=True)):
         a, r = alone.evaluate(params), resized.evaluate(params)
         assert a.plan == r.plan and a.result.peak_bytes == r.result.peak_bytes
@@ -215,3 +219,27 @@ def test_ops_whose_inputs_are_held_anyway_are_deferred_where_that_lowers_the_pea
     assert {("q2", "p2"), ("q3", "p3")} <= set(serial.edges)
     least = PlanParams(n_tensors=0)
     assert serial.evaluate(least).peak_bytes < engine.evaluate(least).peak_bytes
+
+
+@pytest.mark.parametrize("empty_at_first", [False, True])
+def test_a_program_lowered_from_one_at_other_sizes_is_the_program_lowered_alone(
+    empty_at_first: bool,
+) -> None:
+    """Only sizes are taken anew, scratch buffers included; where a tensor has bytes at one
+    size and none at the other (what is walked differs) the graph is lowered in full."""
+
+    def sized(k: int) -> Graph:
+        g = held_gradient()
+        for t in g.tensors.values():
+            if not t.kind.resident:
+                t.nbytes *= k
+        g.ops["f2"].scratch = 1000 * k
+        if empty_at_first and k == 1:
+            g.tensors[g.ops["f1"].outputs[0]].nbytes = 0
+        return g
+
+    small, g = Engine.build(sized(1)), sized(3)
+    alone = compile_program(g, small.order)
+    resized = compile_program(g, small.order, resized=small.program)
+    assert resized == alone
+    assert alone.alloc_bytes != small.program.alloc_bytes
