@@ -243,3 +243,14 @@ def test_a_program_lowered_from_one_at_other_sizes_is_the_program_lowered_alone(
     resized = compile_program(g, small.order, resized=small.program)
     assert resized == alone
     assert alone.alloc_bytes != small.program.alloc_bytes
+
+
+def test_held_input_edges_that_lower_the_peak_by_less_than_the_share_are_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import simulator.engine as engine_module
+
+    kept = Engine.build(unrolled_recurrence()).serialized().edges
+    monkeypatch.setattr(engine_module, "HELD_EDGES_GAIN", 0.5)  # they lower it by about 19 %
+    dropped = Engine.build(unrolled_recurrence()).serialized().edges
+    assert ("q2", "p2") in kept and ("q2", "p2") not in dropped
