@@ -21,7 +21,13 @@ from simulator.order import Order
 from simulator.program import Move, Program
 from simulator.trace import EventKind, Trace
 
-__all__ = ["SEARCH_GC_THRESHOLD", "SimResult", "fewer_collections", "paused_gc", "simulate_memory"]
+__all__ = [
+    "SEARCH_GC_THRESHOLD",
+    "SimResult",
+    "fewer_collections",
+    "paused_gc",
+    "simulate_memory",
+]
 
 
 _SWAP_OUT = int(EventKind.SWAP_OUT)

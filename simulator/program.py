@@ -196,7 +196,10 @@ def _resized(graph: Graph, order: Order, other: Program, granularity: int) -> Pr
         alloc[i] = round_up(t.nbytes, granularity)
     for i in range(len(tid), len(alloc)):  # kernels' scratch: named `op:scratch`
         alloc[i] = round_up(graph.ops[other.names[i][: -len(":scratch")]].scratch, granularity)
-    if any(bool(a) != bool(b) for a, b in zip(alloc, other.alloc_bytes)):
+    scratch = sum(1 for op in graph.ops.values() if op.scratch)
+    if scratch != len(alloc) - len(tid) or any(
+        bool(a) != bool(b) for a, b in zip(alloc, other.alloc_bytes)
+    ):
         return None
     steps = [[(t, alloc[t], f, c) for t, _, f, c in outs] for outs in other.steps]
     held_names = [n for n, i in tid.items() if alloc[i] and graph.tensors[n].kind.resident]
