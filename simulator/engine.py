@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +23,6 @@ from simulator import (
     Order,
     PlanResult,
     Program,
-    SimResult,
     SwapPlan,
     Timeline,
     categorized_order,
@@ -34,26 +32,18 @@ from simulator import (
 )
 from simulator.bounds import time_bound_seconds
 from simulator.derive import (
-    LEAST_MEMORY,
     PlanContext,
     PlanParams,
     RecomputePrice,
     remake_chain,
 )
+from simulator.edge_search import order_edges
 from simulator.heap import GRANULARITY, round_up
 from simulator.memory import paused_gc
 from simulator.opsemantics import (
     SHAPE_ONLY,
-    fused_together,
 )
-from simulator.order_edges import (
-    Edge,
-    deferral_edges,
-    feeder_edges,
-    find_order_edges,
-    grouped,
-    held_input_edges,
-)
+from simulator.order_edges import Edge
 from simulator.refine import Finish, Planned, guarded, late_swaps, plan_of
 from simulator.replay import with_allocator
 from simulator.timing import Link
@@ -101,13 +91,6 @@ class Evaluation:
 
 #: how many of plan derivation's simulations an engine keeps for reuse (`simulate_bare`)
 BARE_MEMO = 8
-
-#: edges that defer ops whose inputs are held anyway are kept only where they lower the
-#: least-memory peak by at least this share: on the corpus they either lower it by half
-#: (the unrolled LSTM: -48 to -50 % at three sizes) or by chance, by 0.001 % (ConvNeXt-Tiny,
-#: Transformer-base), where they still constrain every plan's schedule and left the tuned
-#: step 4 % and 1.5 % slower (docs/method.md, "Constants")
-HELD_EDGES_GAIN = 0.01
 
 #: order edges found for one batch are reused for the same step at a batch whose lower bound is
 #: within this factor: the edges that lower the peak change with the share of activations in it
@@ -180,7 +163,7 @@ class Engine:
         if self._serialized is None:
             edges = self._shared_edges()
             if edges is None:
-                edges = self._order_edges()
+                edges = order_edges(self)
                 self.shared.setdefault("edges", {})[self.lower_bound] = edges
             self._serialized = self._with_edges(edges)
         return self._serialized
@@ -194,71 +177,6 @@ class Engine:
         if self.recorded or not edges or not all(n in self.graph.ops for e in edges for n in e):
             return self.serialized()
         return self._with_edges(edges)
-
-    def _if_lower(
-        self,
-        edges: tuple[Edge, ...],
-        together: Mapping[str, tuple[str, ...]],
-        base: tuple[Graph, SimResult, Order],
-    ) -> tuple[tuple[Edge, ...], tuple[Graph, SimResult, Order]]:
-        """`edges` (each into and out of the ops run as one kernel with its ends) and the
-        graph `base` simulated with them (least-memory plan), if they lower its peak; else
-        none and `base`."""
-        edges = tuple(e for d in edges for e in grouped(d, together))
-        if not edges:
-            return (), base
-        ordered = base[0].with_control_edges(edges)
-        result, order = self._least_memory(ordered)
-        if result.peak_bytes >= base[1].peak_bytes:
-            return (), base
-        return edges, (ordered, result, order)
-
-    def _order_edges(self) -> tuple[Edge, ...]:
-        """Deferral edges (ops made from held buffers wait for their readers' other inputs)
-        if they lower the least-memory peak (an op run later may also make a short-lived
-        output at a fuller moment), then the edges `find_order_edges` finds after them.
-        Edges for ops whose inputs are held anyway (`held_input_edges`) that lower the peak
-        too are tried as well: the edges found after them may differ, so both sets are
-        found, and the one with them is kept where its least-memory plan peaks lower with the
-        time model (when there is one) by at least `HELD_EDGES_GAIN`."""
-        together = fused_together(self.graph)
-        feeders = self.context.backward - self.context.flow
-        deferred = deferral_edges(self.graph, self.order)
-        deferred += feeder_edges(self.graph, self.order, feeders)
-        base = (self.graph, *self._least_memory(self.graph))
-        deferred, base = self._if_lower(deferred, together, base)
-        without = deferred + self._found_after(base, together)
-        held, held_base = self._if_lower(held_input_edges(base[0], base[2]), together, base)
-        if not held:
-            return without
-        with_held = deferred + held + self._found_after(held_base, together)
-        peaks = [self._ordered_peak(edges) for edges in (without, with_held)]
-        return with_held if peaks[1] <= (1 - HELD_EDGES_GAIN) * peaks[0] else without
-
-    def _found_after(
-        self, base: tuple[Graph, SimResult, Order], together: Mapping[str, tuple[str, ...]]
-    ) -> tuple[Edge, ...]:
-        """The edges `find_order_edges` finds on `base` (a graph, its least-memory
-        simulation and order)."""
-        graph, known = base[0], base[1:]
-
-        def peak_of(g: Graph) -> tuple[SimResult, Order]:
-            return known if g is graph else self._least_memory(g)
-
-        return find_order_edges(
-            graph, peak_of, start_level=self.backward_level(), together=together
-        )
-
-    def _ordered_peak(self, edges: tuple[Edge, ...]) -> int:
-        """The least-memory plan's peak with `edges`, with the time model where this engine
-        has one (a tensor is then held until its copy ends)."""
-        graph = self.graph.with_control_edges(edges)
-        timed = self.timeline is not None and self.device is not None
-        engine = Engine.build(
-            graph, device=self.device, cost=self.cost if timed else None,
-            lower_bound=self.lower_bound, like=self,
-        )  # fmt: skip
-        return engine.evaluate(LEAST_MEMORY, timed=timed).peak_bytes
 
     def _shared_edges(self) -> tuple[Edge, ...] | None:
         """Edges found for a graph of this step whose lower bound is within `EDGE_REUSE` of
@@ -310,12 +228,6 @@ class Engine:
         )
         engine.edges = edges
         return engine
-
-    def _least_memory(self, graph: Graph) -> tuple[SimResult, Order]:
-        """The least-memory plan's simulation on `graph` (categorized order, memory only), for
-        the search of order edges."""
-        engine = Engine.build(graph, device=self.device, lower_bound=self.lower_bound, like=self)
-        return engine.evaluate(LEAST_MEMORY, timed=False).result.memory, engine.order
 
     def time_bound(
         self, budget_bytes: int, *, ordered: bool = True, ordered_by: Engine | None = None

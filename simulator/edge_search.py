@@ -1,0 +1,106 @@
+"""The order edges an engine runs its serialized plans with (`Engine.serialized`): deferral
+edges, then held-input edges where they pay off, then what `find_order_edges` finds after them,
+each judged by the least-memory plan's peak on the graph with them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from simulator.derive import LEAST_MEMORY
+from simulator.graph import Graph
+from simulator.memory import SimResult
+from simulator.opsemantics import fused_together
+from simulator.order import Order
+from simulator.order_edges import (
+    Edge,
+    deferral_edges,
+    feeder_edges,
+    find_order_edges,
+    grouped,
+    held_input_edges,
+)
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine
+
+__all__ = ["HELD_EDGES_GAIN", "least_memory", "order_edges"]
+
+#: edges that defer ops whose inputs are held anyway are kept only where they lower the
+#: least-memory peak by at least this share: on the corpus they either lower it by half
+#: (the unrolled LSTM: -48 to -50 % at three sizes) or by chance, by 0.001 % (ConvNeXt-Tiny,
+#: Transformer-base), where they still constrain every plan's schedule and left the tuned
+#: step 4 % and 1.5 % slower (docs/method.md, "Constants")
+HELD_EDGES_GAIN = 0.01
+
+#: a graph, its least-memory plan's simulation and the order it walked
+Simulated = tuple[Graph, SimResult, Order]
+
+
+def order_edges(engine: Engine) -> tuple[Edge, ...]:
+    """Deferral edges (ops made from held buffers wait for their readers' other inputs)
+    if they lower the least-memory peak (an op run later may also make a short-lived
+    output at a fuller moment), then the edges `find_order_edges` finds after them.
+    Edges for ops whose inputs are held anyway (`held_input_edges`) that lower the peak
+    too are tried as well: the edges found after them may differ, so both sets are
+    found, and the one with them is kept where its least-memory plan peaks lower with the
+    time model (when there is one) by at least `HELD_EDGES_GAIN`."""
+    graph, order, context = engine.graph, engine.order, engine.context
+    together = fused_together(graph)
+    deferred = deferral_edges(graph, order)
+    deferred += feeder_edges(graph, order, context.backward - context.flow)
+    base = (graph, *least_memory(engine, graph))
+    deferred, base = _if_lower(engine, deferred, together, base)
+    without = deferred + _found_after(engine, base, together)
+    held, held_base = _if_lower(engine, held_input_edges(base[0], base[2]), together, base)
+    if not held:
+        return without
+    with_held = deferred + held + _found_after(engine, held_base, together)
+    timed = engine.timeline is not None and engine.device is not None
+    peaks = [
+        least_memory(engine, graph.with_control_edges(edges), timed)[0].peak_bytes
+        for edges in (without, with_held)
+    ]
+    return with_held if peaks[1] <= (1 - HELD_EDGES_GAIN) * peaks[0] else without
+
+
+def least_memory(engine: Engine, graph: Graph, timed: bool = False) -> tuple[SimResult, Order]:
+    """The least-memory plan's simulation on `graph` (a graph of `engine`'s step with other
+    control edges) and the order it walked: memory only, or, `timed`, with `engine`'s time
+    model (a tensor is then held until its copy ends)."""
+    built = type(engine).build(
+        graph, device=engine.device, cost=engine.cost if timed else None,
+        lower_bound=engine.lower_bound, like=engine,
+    )  # fmt: skip
+    return built.evaluate(LEAST_MEMORY, timed=timed).result.memory, built.order
+
+
+def _if_lower(
+    engine: Engine,
+    edges: tuple[Edge, ...],
+    together: Mapping[str, tuple[str, ...]],
+    base: Simulated,
+) -> tuple[tuple[Edge, ...], Simulated]:
+    """`edges` (each into and out of the ops run as one kernel with its ends) and the
+    graph `base` simulated with them (least-memory plan), if they lower its peak; else
+    none and `base`."""
+    edges = tuple(e for d in edges for e in grouped(d, together))
+    if not edges:
+        return (), base
+    ordered = base[0].with_control_edges(edges)
+    result, order = least_memory(engine, ordered)
+    if result.peak_bytes >= base[1].peak_bytes:
+        return (), base
+    return edges, (ordered, result, order)
+
+
+def _found_after(
+    engine: Engine, base: Simulated, together: Mapping[str, tuple[str, ...]]
+) -> tuple[Edge, ...]:
+    """The edges `find_order_edges` finds on `base` (its least-memory simulation reused)."""
+    graph, known = base[0], base[1:]
+
+    def peak_of(g: Graph) -> tuple[SimResult, Order]:
+        return known if g is graph else least_memory(engine, g)
+
+    return find_order_edges(graph, peak_of, start_level=engine.backward_level(), together=together)
