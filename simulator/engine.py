@@ -155,6 +155,10 @@ class Engine:
         engine.shared = {} if shared is None else shared
         return engine
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the simulations kept for reuse (a cache, and large)."""
+        return {**self.__dict__, "_bare": {}}
+
     def serialized(self) -> Engine:
         """This step with the order edges that lower its least-memory peak (itself when there
         are none, or when its order was recorded)."""

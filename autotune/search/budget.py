@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
-from simulator.engine import Evaluation
 from simulator.errors import UserError
 
-__all__ = ["DEFAULT_SAFETY_RATIO", "Budget"]
+__all__ = ["DEFAULT_SAFETY_RATIO", "Budget", "Peaks"]
 
 #: Budget = device memory x this ratio. Measured against the CPU allocator (3 fresh processes,
 #: results/simulator_accuracy.md), the simulator's error on steps that peak at 0.5 GiB or more
@@ -21,6 +21,16 @@ __all__ = ["DEFAULT_SAFETY_RATIO", "Budget"]
 #: where the CPU allocator's 2 MiB region growth dominates) but are not what a GPU budget is
 #: about. A test re-derives the bound from the committed results.
 DEFAULT_SAFETY_RATIO = 0.91
+
+
+class Peaks(Protocol):
+    """What a budget judges: an evaluation's predicted peaks (or a trial's record of them)."""
+
+    @property
+    def peak_bytes(self) -> int: ...
+
+    @property
+    def host_peak_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -44,16 +54,16 @@ class Budget:
     def bytes(self) -> int:
         return int(self.device_bytes * self.ratio)
 
-    def excess(self, ev: Evaluation) -> tuple[float, float]:
+    def excess(self, ev: Peaks) -> tuple[float, float]:
         """Bytes by which `ev` exceeds the device budget and the host limit (<= 0: within)."""
         host = -1.0 if self.host_bytes is None else float(ev.host_peak_bytes - self.host_bytes)
         return float(ev.peak_bytes - self.bytes), host
 
-    def admits(self, ev: Evaluation) -> bool:
+    def admits(self, ev: Peaks) -> bool:
         """True when `ev`'s predicted peaks fit both the device budget and the host limit."""
         return max(self.excess(ev)) <= 0
 
-    def limit(self, ev: Evaluation) -> str:
+    def limit(self, ev: Peaks) -> str:
         """What keeps `ev` from fitting: 'device memory', 'host memory', both, or ''."""
         over = [w for w, x in zip(("device memory", "host memory"), self.excess(ev)) if x > 0]
         return " and ".join(over)

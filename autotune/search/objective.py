@@ -3,6 +3,7 @@ what a method's search found (`Outcome`)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.budget import Budget
+from autotune.search.helpers import Figures, Helpers, upcoming
 from autotune.search.space import Space
 from simulator.derive import PlanParams
 from simulator.engine import Engine, Evaluation
@@ -82,7 +84,7 @@ def single_plan(engine: Engine, params: PlanParams, budget: Budget, method: str)
     return Outcome(method, ev if fits else None, 1, time.perf_counter() - start, None, ev)
 
 
-def _record(trial: Any, ev: Evaluation, budget: Budget) -> None:
+def _record(trial: Any, ev: Figures, budget: Budget) -> None:
     over, host_over = budget.excess(ev)
     trial.set_constraint("peak_over_budget_bytes", over)
     trial.set_constraint("host_peak_over_limit_bytes", host_over)
@@ -91,7 +93,7 @@ def _record(trial: Any, ev: Evaluation, budget: Budget) -> None:
     trial.set_user_attr("host_peak_bytes", ev.host_peak_bytes)
     trial.set_user_attr("step_seconds", ev.step_seconds)
     trial.set_user_attr("overhead", ev.overhead)
-    trial.set_user_attr("swapped_tensors", len(ev.plan.swaps))
+    trial.set_user_attr("swapped_tensors", ev.swapped_tensors)
     trial.set_user_attr("plan_params", ev.params.to_dict())
 
 
@@ -112,15 +114,25 @@ STUDY_RUNNING = threading.Event()
 
 
 def make_objective(
-    engine: Engine, budget: Budget, objectives: int = 1, recompute: str = "search"
+    engine: Engine,
+    budget: Budget,
+    objectives: int = 1,
+    recompute: str = "search",
+    helpers: Helpers | None = None,
 ) -> Callable[[Any], float | tuple[float, float]]:
-    """The Optuna objective: propose, derive, simulate; record the constraint on the trial."""
+    """The Optuna objective: propose, derive, simulate; record the constraint on the trial.
+    With `helpers`, queued trials are evaluated ahead in other processes (the same figures)."""
     space = Space.of(engine, recompute, budget.bytes)
 
     def objective(trial: Any) -> float | tuple[float, float]:
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt
-        ev = engine.evaluate(space.suggest(trial))
+        params = space.suggest(trial)
+        if helpers is None:
+            ev = Figures.of(engine.evaluate(params))
+        else:
+            ahead = functools.partial(upcoming, trial.study, space)
+            ev = helpers.figures(params, ahead, INTERRUPTED.is_set)
         _record(trial, ev, budget)
         seconds = ev.step_seconds if ev.step_seconds is not None else float(ev.peak_bytes)
         return (float(ev.peak_bytes), seconds) if objectives == 2 else seconds

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.search.budget import Budget
+from autotune.search.helpers import Helpers, helper_count
 from autotune.search.objective import (
     STUDY_RUNNING,
     Outcome,
@@ -161,9 +162,10 @@ def run_study(
     if warm_start and objectives == 1:
         refine = [Refine(space, int(trials * REFINE_AFTER), trials, lock)]
     if left > 0:
-        with quiet_optuna(), _trials_running():
+        helpers = Helpers(engine, helper_count() if warm_start else 0, left)
+        with quiet_optuna(), _trials_running(), helpers:
             study.optimize(
-                make_objective(engine, budget, objectives, recompute),
+                make_objective(engine, budget, objectives, recompute, helpers),
                 n_trials=left,
                 callbacks=[MaxTrialsCallback(trials, states=complete), *refine, *(callbacks or [])],
             )
