@@ -2,17 +2,16 @@
 
 Random search's largest batch depends on no other method's, and it is the longest of the
 baselines (results/main_job.md, docs/method.md), so `largest_batches` hands it to a worker
-process while it searches the others itself. The
-worker is spawned (a fresh interpreter: no TensorFlow, no forked threads) and given the step's
-family without its engines; it reports its probes, for the progress bar, and its result over
-a queue. Its result is the one the search gives in this process: the same engines, seeds and
-trials.
+process while it searches the others itself. The worker is a fresh interpreter
+(`autotune.search.workers`: no TensorFlow, no forked threads, and not the user's script run
+again) given the step's family without its engines; it reports its probes, for the progress
+bar, and its result over a pipe. Its result is the one the search gives in this process: the
+same engines, seeds and trials.
 """
 
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import pickle
 import queue
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from autotune.search.workers import Worker, child_streams
 from simulator.errors import UserError
 from simulator.memory import fewer_collections
 
@@ -30,63 +30,70 @@ __all__ = ["Aside"]
 
 #: seconds between checks that the worker is still alive while waiting for its result
 _POLL = 0.5
+_COMMAND = "from autotune.search.aside import work; work()"  # run by `python -c`
 
 
 class Aside:
-    """One method's largest-batch search in a spawned worker process."""
+    """One method's largest-batch search in a worker process."""
 
-    def __init__(self, process: Any, messages: Any) -> None:
-        self.process, self.messages = process, messages
+    def __init__(self) -> None:
+        self.messages: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self.worker: Worker | None = None
         self._result: BatchSearch | None = None
         self._error: str | None = None
+
+    @property
+    def process(self) -> Any:
+        assert self.worker is not None
+        return self.worker.process
 
     @classmethod
     def start(cls, steps: StepFamily, method: str, **search: Any) -> Aside | None:
         """Start `largest_batch(steps, method, **search)` in a worker; None where this machine
-        has one core (nothing would run beside it)."""
+        has one core (nothing would run beside it) or no interpreter can be started."""
         if (os.cpu_count() or 1) < 2:
             return None
-        payload = pickle.dumps((steps.detached(), method, search))
-        context = multiprocessing.get_context("spawn")
-        messages = context.Queue()
-        process = context.Process(target=_work, args=(payload, messages), daemon=True)
-        process.start()
-        return cls(process, messages)
+        side = cls()
+        payload = pickle.dumps((steps.detached(), method, search), pickle.HIGHEST_PROTOCOL)
+        try:
+            side.worker = Worker.start(_COMMAND, payload, side.messages.put, quiet=False)
+        except OSError:
+            return None
+        return side
 
     def poll(self, on_probe: Callable[[str, int], None]) -> None:
         """Hand the worker's probes reported so far on."""
-        while True:
+        while self._result is None and self._error is None:
             try:
-                kind, *rest = self.messages.get_nowait()
+                message = self.messages.get_nowait()
             except queue.Empty:
                 return
-            self._take(kind, rest, on_probe)
+            self._take(message, on_probe)
 
     def result(self, on_probe: Callable[[str, int], None]) -> BatchSearch:
         """Wait for the worker's search (handing its probes on) and return it."""
         while self._result is None and self._error is None:
             try:
-                kind, *rest = self.messages.get(timeout=_POLL)
+                message = self.messages.get(timeout=_POLL)
             except queue.Empty:
-                if not self.process.is_alive():  # what it put before it ended, else its end
-                    self.poll(on_probe)
-                    if self._result is None and self._error is None:
-                        self._error = f"exited with code {self.process.exitcode}"
                 continue
-            self._take(kind, rest, on_probe)
-        self.process.join()
+            self._take(message, on_probe)
+        self.stop()
         if self._error is not None:
             raise UserError(f"the search beside this one failed: {self._error}")
         assert self._result is not None
         return self._result
 
     def stop(self) -> None:
-        """End the worker (on an error or an interrupt here)."""
-        if self.process.is_alive():
-            self.process.terminate()
-        self.process.join()
+        """End the worker (once it has answered, or on an error or an interrupt here)."""
+        if self.worker is not None:
+            self.worker.close()
 
-    def _take(self, kind: str, rest: list[Any], on_probe: Callable[[str, int], None]) -> None:
+    def _take(self, message: tuple[Any, ...] | None, on_probe: Callable[[str, int], None]) -> None:
+        if message is None:  # it ended without an answer
+            self._error = f"exited with code {self.process.wait()}"
+            return
+        kind, *rest = message
         if kind == "probe":
             on_probe(rest[0], rest[1])
         elif kind == "done":
@@ -95,21 +102,23 @@ class Aside:
             self._error = rest[0]
 
 
-def _work(payload: bytes, messages: Any) -> None:
-    """The worker: run the search and put its probes and result on `messages`."""
+def work() -> None:
+    """The worker: run the search and write its probes and result."""
     from autotune.search.batching import largest_batch
 
+    stream, out = child_streams()
+
+    def put(*message: Any) -> None:
+        pickle.dump(message, out)
+        out.flush()
+
     try:
-        steps, method, search = pickle.loads(payload)
+        steps, method, search = pickle.load(stream)
         gc.freeze()  # the modules and the step live as long as the worker (see the CLI's main)
         with fewer_collections():
-            found = largest_batch(
-                steps, method, on_probe=lambda m, b: messages.put(("probe", m, b)), **search
-            )
+            found = largest_batch(steps, method, on_probe=lambda m, b: put("probe", m, b), **search)
         if found.outcome is not None:  # the study stays here: only its figures are read
             found = replace(found, outcome=replace(found.outcome, study=None))
-        messages.put(("done", pickle.dumps(found)))
-    except KeyboardInterrupt:
-        pass
+        put("done", pickle.dumps(found))
     except Exception as error:  # reported to the parent, which raises it there
-        messages.put(("error", f"{type(error).__name__}: {error}"))
+        put("error", f"{type(error).__name__}: {error}")

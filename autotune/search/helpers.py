@@ -17,20 +17,16 @@ before one could help); a helper that dies leaves its trials to this process.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
-import queue
-import subprocess
-import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from autotune.search.workers import Worker, child_streams, messages
 from simulator.derive import PlanParams
 from simulator.engine import Engine, Evaluation
 
@@ -232,90 +228,49 @@ class Helpers:
 
 
 class _Helper:
-    """One helper process, its pipe, and the thread that reads its answers."""
+    """One helper: its worker process, and whether it has loaded the engine and is alive."""
 
     COMMAND = "from autotune.search.helpers import serve; serve()"  # run by `python -c`
 
-    def __init__(self, index: int, proc: subprocess.Popen[bytes]) -> None:
-        self.index, self.proc, self.alive, self.ready = index, proc, True, False
-        self._out: queue.Queue[bytes | None] = queue.Queue()
+    def __init__(self, index: int) -> None:
+        self.index, self.alive, self.ready = index, True, False
+        self.worker: Worker | None = None
 
     @classmethod
     def start(cls, engine: bytes, index: int, answer: Callable[..., None]) -> _Helper:
         """A helper given the pickled `engine`; its reader thread calls `answer(helper,
         parameters, figures)` with each answer, and `answer(helper, None, None)` once it has
-        ended."""
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
-        env = {**os.environ, "PYTHONPATH": path}
-        proc = subprocess.Popen(
-            [sys.executable, "-c", cls.COMMAND],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,  # one that fails only leaves its trials to the study
-            env=env,
-        )
-        helper = cls(index, proc)
-        helper._out.put(engine)
-        threading.Thread(target=helper._write, daemon=True).start()
-        threading.Thread(target=helper._read, args=(answer,), daemon=True).start()
+        ended. OSError if no interpreter starts."""
+        helper = cls(index)
+
+        def told(message: tuple[Any, Any] | None) -> None:
+            answer(helper, *(message or (None, None)))
+
+        # one that fails only leaves its trials to the study: its errors are not shown
+        helper.worker = Worker.start(cls.COMMAND, engine, told, quiet=True)
         return helper
 
     def send(self, params: PlanParams) -> None:
-        self._out.put(pickle.dumps(params, pickle.HIGHEST_PROTOCOL))
+        assert self.worker is not None
+        self.worker.send(params)
 
     def close(self) -> None:
-        """End it now: what it is evaluating is not needed any more."""
-        self._out.put(None)
-        self.proc.terminate()
-        self.proc.wait()
-
-    def _write(self) -> None:
-        """Send what is put on the queue, in order (the engine first); None closes the pipe."""
-        stdin = self.proc.stdin
-        assert stdin is not None
-        with contextlib.suppress(OSError):  # it ended: its reader reports that
-            while (data := self._out.get()) is not None:
-                stdin.write(data)
-                stdin.flush()
-        with contextlib.suppress(OSError):
-            stdin.close()
-
-    def _read(self, answer: Callable[..., None]) -> None:
-        stdout = self.proc.stdout
-        assert stdout is not None
-        try:
-            for params, figures in _messages(stdout):
-                answer(self, params, figures)
-        finally:
-            answer(self, None, None)
-
-
-def _messages(stream: IO[bytes]) -> Iterator[Any]:
-    """The pickled objects on `stream`, until it ends (or breaks off)."""
-    while True:
-        try:
-            yield pickle.load(stream)
-        except Exception:  # noqa: BLE001 (ended, broke off, or sent what cannot be read)
-            return
+        if self.worker is not None:
+            self.worker.close()
 
 
 def serve() -> None:
     """A helper: read an engine, then evaluate each set of parameters it is sent."""
     import gc
-    import signal
 
     from simulator.memory import fewer_collections
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the study's process handles a Ctrl-C
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed goes to stderr, not into the answers
-    stream = sys.stdin.buffer
+    stream, out = child_streams()
     engine = pickle.load(stream)
     pickle.dump((None, READY), out)
     out.flush()
     gc.freeze()
     with fewer_collections():
-        for params in _messages(stream):
+        for params in messages(stream):
             pickle.dump((params, Figures.of(engine.evaluate(params))), out)
             out.flush()

@@ -87,7 +87,7 @@ def test_a_helper_that_ends_leaves_its_trial_to_this_process(
     with _started(_Counted(engine, 1, 9, worth=0.0)) as helpers:
         helpers.figures(first, lambda: [second], lambda: False)
         assert helpers.sent == {second: 0}  # it holds the second trial and never answers
-        threading.Timer(1.0, helpers._procs[0].proc.kill).start()
+        threading.Timer(1.0, helpers._procs[0].worker.process.kill).start()
         assert helpers.figures(second, lambda: [], lambda: False) == Figures.of(
             engine.evaluate(second)
         )
