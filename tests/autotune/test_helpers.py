@@ -1,6 +1,8 @@
+import contextlib
 import copy
 import pickle
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -79,30 +81,35 @@ def test_queued_trials_are_evaluated_by_the_helper_with_the_same_figures(engine:
     assert helpers.here[0] == first and queued[0] not in helpers.here
 
 
-def test_a_helper_that_ends_leaves_its_trial_to_this_process(
+@contextlib.contextmanager
+def _holding(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> Iterator[tuple[_Counted, PlanParams]]:
+    """Helpers whose one helper holds the second trial and never answers (after the first)."""
     monkeypatch.setattr(helpers_module._Helper, "COMMAND", SILENT)
     first, second, *_ = _params(engine)
     with _started(_Counted(engine, 1, 9, worth=0.0)) as helpers:
         helpers.figures(first, lambda: [second], lambda: False)
-        assert helpers.sent == {second: 0}  # it holds the second trial and never answers
+        assert helpers.sent == {second: 0} and helpers.here == [first]
+        yield helpers, second
+
+
+def test_a_helper_that_ends_leaves_its_trial_to_this_process(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _holding(engine, monkeypatch) as (helpers, second):
         threading.Timer(1.0, helpers._procs[0].worker.process.kill).start()
         assert helpers.figures(second, lambda: [], lambda: False) == Figures.of(
             engine.evaluate(second)
         )
-    assert helpers.here == [first, second] and not helpers._procs
+    assert helpers.here[1:] == [second] and not helpers._procs
 
 
 def test_an_interrupt_stops_the_wait_for_a_helper(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(helpers_module._Helper, "COMMAND", SILENT)
-    first, second, *_ = _params(engine)
-    with _started(Helpers(engine, 1, 9, worth=0.0)) as helpers:
-        helpers.figures(first, lambda: [second], lambda: False)
-        with pytest.raises(KeyboardInterrupt):
-            helpers.figures(second, lambda: [], lambda: True)
+    with _holding(engine, monkeypatch) as (helpers, second), pytest.raises(KeyboardInterrupt):
+        helpers.figures(second, lambda: [], lambda: True)
 
 
 def test_a_study_with_helpers_runs_the_trials_it_runs_alone(
