@@ -49,6 +49,7 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL if quiet else None,
             env={**os.environ, "PYTHONPATH": path},
+            start_new_session=True,  # a Ctrl-C at the terminal is this process's to handle
         )
         worker = cls(process)
         worker.send_bytes(first)
@@ -100,7 +101,9 @@ def messages(stream: IO[bytes]) -> Iterator[Any]:
 
 def child_streams() -> tuple[IO[bytes], IO[bytes]]:
     """In a worker: the stream it reads and the one it writes its answers to. Anything printed
-    goes to standard error instead, and a Ctrl-C is left to the process that started it."""
+    goes to standard error instead, and a Ctrl-C is left to the process that started it (it
+    runs in a session of its own, so the terminal's does not reach it; this is for a signal
+    sent to it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -37,3 +37,21 @@ def test_a_worker_answers_without_running_the_users_script_again(tmp_path: Path)
     assert out.returncode == 0, out.stderr
     # the script's body ran once; the worker's answers came in order, then its end (None)
     assert out.stdout.split("\n") == ["body", "answers 8 42", "after close None", ""]
+
+
+def test_a_terminals_ctrl_c_does_not_reach_a_worker() -> None:
+    import os
+    import pickle
+    import queue
+
+    from autotune.search.workers import Worker
+
+    got: queue.Queue[object] = queue.Queue()
+    worker = Worker.start(NEXT, pickle.dumps(1), got.put, quiet=True)
+    try:
+        assert got.get(timeout=60) == 2
+        # its own session, so not in the terminal's foreground process group
+        assert os.getsid(worker.process.pid) == worker.process.pid != os.getsid(0)
+    finally:
+        worker.close()
+    assert got.get(timeout=60) is None
