@@ -17,6 +17,7 @@ before one could help); a helper that dies leaves its trials to this process.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import threading
@@ -24,6 +25,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from autotune.search.workers import Worker, child_streams, messages
@@ -78,14 +80,36 @@ class Figures:
         )
 
 
-def helper_count() -> int:
+def helper_count(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """How many helpers this machine runs beside this process: its other cores, at most
-    `HELPERS_MAX` (none on one core)."""
+    `HELPERS_MAX` (none on one core). The cores are those this process may run on, and no
+    more than a container's CPU quota (`cgroup`'s, v2 or v1) allows."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    quota = _quota(cgroup)
+    if quota is not None:
+        cores = min(cores, max(1, math.floor(quota)))
     return max(0, min(cores - 1, HELPERS_MAX))
+
+
+def _quota(cgroup: Path) -> float | None:
+    """The CPUs a container's quota allows (`cpu.max`, or v1's `cpu.cfs_quota_us` over
+    `cpu.cfs_period_us`); None without one."""
+    try:
+        v2 = cgroup / "cpu.max"
+        if v2.exists():
+            quota, period = v2.read_text().split()[:2]
+        else:
+            v1 = cgroup / "cpu"
+            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
+            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1"):
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
 
 
 def upcoming(study: Any, space: Any) -> list[PlanParams]:

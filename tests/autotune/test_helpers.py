@@ -3,6 +3,7 @@ import copy
 import pickle
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,10 +165,33 @@ def test_an_engine_that_cannot_be_pickled_is_evaluated_here(engine: Engine) -> N
         assert not helpers._procs and not helpers.sent and helpers.count == 0
 
 
-def test_helpers_leave_one_core_to_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_helpers_leave_one_core_to_this_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     for cores, count in ((1, 0), (2, 1), (64, helpers_module.HELPERS_MAX)):
         monkeypatch.setattr(helpers_module.os, "sched_getaffinity", lambda _, c=cores: range(c))
-        assert helper_count() == count
+        assert helper_count(tmp_path) == count
+
+
+@pytest.mark.parametrize(
+    "files,count",
+    [
+        ({"cpu.max": "max 100000\n"}, 3),
+        ({"cpu.max": "150000 100000\n"}, 0),  # one and a half CPUs: one core
+        ({"cpu.max": "300000 100000\n"}, 2),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),
+        ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+        ({"cpu.max": "garbled"}, 3),
+    ],
+)
+def test_helpers_fit_a_containers_cpu_quota(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, files: dict[str, str], count: int
+) -> None:
+    monkeypatch.setattr(helpers_module.os, "sched_getaffinity", lambda _: range(64))
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert helper_count(tmp_path) == count
 
 
 def test_helpers_start_once_the_trials_left_are_worth_it(engine: Engine) -> None:
