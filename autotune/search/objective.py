@@ -121,18 +121,16 @@ def make_objective(
     helpers: Helpers | None = None,
 ) -> Callable[[Any], float | tuple[float, float]]:
     """The Optuna objective: propose, derive, simulate; record the constraint on the trial.
-    With `helpers`, queued trials are evaluated ahead in other processes (the same figures)."""
+    With `helpers`, queued trials are evaluated ahead in other processes (the same figures);
+    without, every trial is evaluated here."""
     space = Space.of(engine, recompute, budget.bytes)
+    here = helpers or Helpers(engine, 0, 0)
 
     def objective(trial: Any) -> float | tuple[float, float]:
         if INTERRUPTED.is_set():
             raise KeyboardInterrupt
-        params = space.suggest(trial)
-        if helpers is None:
-            ev = Figures.of(engine.evaluate(params))
-        else:
-            ahead = functools.partial(upcoming, trial.study, space)
-            ev = helpers.figures(params, ahead, INTERRUPTED.is_set)
+        ahead = functools.partial(upcoming, trial.study, space)
+        ev = here.figures(space.suggest(trial), ahead, INTERRUPTED.is_set)
         _record(trial, ev, budget)
         seconds = ev.step_seconds if ev.step_seconds is not None else float(ev.peak_bytes)
         return (float(ev.peak_bytes), seconds) if objectives == 2 else seconds
