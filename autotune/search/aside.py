@@ -97,7 +97,7 @@ class Aside:
         if kind == "probe":
             on_probe(rest[0], rest[1])
         elif kind == "done":
-            self._result = pickle.loads(rest[0])
+            self._result = rest[0]
         else:
             self._error = rest[0]
 
@@ -119,6 +119,6 @@ def work() -> None:
             found = largest_batch(steps, method, on_probe=lambda m, b: put("probe", m, b), **search)
         if found.outcome is not None:  # the study stays here: only its figures are read
             found = replace(found, outcome=replace(found.outcome, study=None))
-        put("done", pickle.dumps(found))
+        put("done", found)
     except Exception as error:  # reported to the parent, which raises it there
         put("error", f"{type(error).__name__}: {error}")
