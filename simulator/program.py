@@ -155,8 +155,7 @@ def _program(
     """The program of `steps` (what each step places) and what follows from their order.
     The variables held across the step are its resident tensors with bytes, in tensor order
     (`tid`; a kernel's scratch is never held)."""
-    held_names = _held_names(graph, tid, alloc)
-    held = tuple(alloc[tid[n]] for n in held_names)
+    held_names, held = _held(graph, tid, alloc)
     levels = [order.level[o] for o in order.ops]
     placing = {p for p, outs in enumerate(steps) if outs}
     freeing = {last[t] for outs in steps for t, _, _, _ in outs}
@@ -202,16 +201,17 @@ def _resized(graph: Graph, order: Order, other: Program, granularity: int) -> Pr
     ):
         return None
     steps = [[(t, alloc[t], f, c) for t, _, f, c in outs] for outs in other.steps]
-    held_names = _held_names(graph, tid, alloc)
-    held = tuple(alloc[tid[n]] for n in held_names)
+    held = _held(graph, tid, alloc)[1]
     return replace(
         other, steps=steps, alloc_bytes=alloc, persistent_bytes=sum(held), resident_sizes=held
     )
 
 
-def _held_names(graph: Graph, tid: dict[str, int], alloc: list[int]) -> list[str]:
-    """The resident tensors with bytes, in tensor order: the variables held across the step."""
-    return [n for n, i in tid.items() if alloc[i] and graph.tensors[n].kind.resident]
+def _held(graph: Graph, tid: dict[str, int], alloc: list[int]) -> tuple[list[str], tuple[int, ...]]:
+    """The resident tensors with bytes, in tensor order (the variables held across the step),
+    and their bytes."""
+    names = [n for n, i in tid.items() if alloc[i] and graph.tensors[n].kind.resident]
+    return names, tuple(alloc[tid[n]] for n in names)
 
 
 def _assignments(
