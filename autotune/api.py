@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from simulator import (
 from simulator.derive import PlanParams
 from simulator.engine import Engine, Evaluation
 from simulator.errors import UserError
+from simulator.opsemantics import LOOP_TYPES
 
 if TYPE_CHECKING:
     from autotune.run.profile import Profile
@@ -225,7 +227,7 @@ def simulate_captured(
 
     device_name = current_device()
     kernels = cpu_kernels() if preset is None and device_name == "CPU:0" else None
-    schedule = _resolved_schedule(schedule, params, kernels)
+    schedule = _resolved_schedule(schedule, params, kernels, _loops(captured.graph))
     graph = _simulated_graph(captured, schedule, device_name, kernels)
     profile = None
     if schedule == "recorded" or (preset is not None and costs == "measured"):
@@ -271,13 +273,27 @@ def _time_bound(
     return engine.time_bound(int(preset.memory_bytes * DEFAULT_SAFETY_RATIO), ordered=ordered)
 
 
-def _resolved_schedule(schedule: str, params: PlanParams | None, kernels: CpuKernels | None) -> str:
+def _loops(graph: Graph) -> list[str]:
+    """The loop ops of `graph` (functional While ops)."""
+    return [name for name, op in graph.ops.items() if op.type in LOOP_TYPES]
+
+
+def _resolved_schedule(
+    schedule: str, params: PlanParams | None, kernels: CpuKernels | None, loops: Sequence[str] = ()
+) -> str:
     """`schedule`, with "auto" resolved (see `simulate`; `kernels`: this CPU's, given only when
     the step is predicted for it, without a device preset); refuse a plan outside the
-    categorized order."""
+    categorized order, and a schedule of the graph TensorFlow runs for a step with `loops`
+    (Grappler lowers them to frames, which that walk does not follow)."""
     planned = params is not None and bool(params.n_tensors or params.serialize)
     if schedule == "auto":
-        return "executor" if not planned and kernels is not None else "categorized"
+        runs = not planned and kernels is not None and not loops
+        return "executor" if runs else "categorized"
+    if schedule in ("executor", "recorded") and loops:
+        raise UserError(
+            f"the {schedule} schedule walks the graph TensorFlow runs, where loop "
+            f"{loops[0]!r} is lowered to frames it does not follow; use the categorized one"
+        )
     if schedule != "categorized" and planned:
         raise UserError(
             f"the {schedule} schedule simulates the step as TensorFlow runs it, without swaps "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
+from rewriter.loops import Loop, LoopError, Loops
 from rewriter.names import is_host_copy, is_swap_op, on_device_name
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
@@ -126,18 +127,49 @@ def import_step(cf: Any, graph_def: Any, inputs: tuple[Any, ...]) -> tuple[Any, 
 def graph_from_concrete(cf: Any, variables: list[Any] | None = None) -> Graph:
     """The IR of a concrete function: ops, tensors with bytes, variables sized from real ones
     (`variables`, for a function that does not list the variables it captures)."""
-    fg = cf.graph
     kinds = _placeholder_kinds(cf, list(cf.variables) if variables is None else variables)
+    return graph_from_func_graph(cf.graph, kinds)
+
+
+def graph_from_func_graph(
+    fg: Any, kinds: dict[str, tuple[TensorKind, int | None]], root: Any = None
+) -> Graph:
+    """The IR of a function graph whose placeholders are of `kinds`; loops in it are sized
+    (`rewriter.loops`), with `root` the step's graph whose library holds their functions."""
     graph = Graph(fg.name)
     graph.functions = [f.signature.name for f in fg.as_graph_def().library.function]
     live = _live(fg)
+    loops = Loops(fg, root)
     for tf_op in _topological([op for op in fg.get_operations() if op.name in live]):
         _refuse_loop(tf_op)
-        tensors = [_tensor(t, kinds) for t in tf_op.outputs]
-        graph.add_op(_op(tf_op), tensors)
+        try:
+            loop = loops.visit(tf_op)
+            if loop is not None:
+                loop = _with_body_scratch(loop, root if root is not None else fg)
+        except LoopError as err:
+            raise CaptureError(str(err)) from None
+        tensors = [_tensor(t, kinds, loops.list_bytes) for t in tf_op.outputs]
+        graph.add_op(_op(tf_op, loop), tensors)
     graph.mark_outputs([t.name for t in fg.outputs if t.name in graph.tensors])
     graph.lint()
     return graph
+
+
+def _with_body_scratch(loop: Loop, root: Any) -> Loop:
+    """`loop` with the working set of one iteration of its body: the live peak of the body
+    above its loop variables (which the loop op's inputs and outputs count)."""
+    from dataclasses import replace
+
+    from simulator.memory import simulate_memory
+    from simulator.program import compile_program
+
+    body = loop.body
+    kinds: dict[str, tuple[TensorKind, int | None]] = {
+        t.name: (TensorKind.INPUT, None) for t in body.inputs
+    }
+    inner = graph_from_func_graph(body, kinds, root)
+    sim = simulate_memory(compile_program(inner))
+    return replace(loop, body_scratch=max(0, sim.live_peak_bytes - sim.persistent_bytes))
 
 
 def _live(fg: Any) -> set[str]:
@@ -157,13 +189,12 @@ def _live(fg: Any) -> set[str]:
     return live
 
 
-#: Ops that run a loop: functional (`tf.while_loop`, Keras' recurrent layers) and, in a graph
-#: Grappler lowered, the frame ops whose back edge closes it
-LOOP_TYPES = frozenset({"While", "StatelessWhile", "NextIteration", "RefNextIteration"})
+#: Ops of a loop capture does not size: the frame ops of a loop Grappler lowered, whose back
+#: edge closes a cycle (capture reads the functional `While` of the step's own graph)
+LOOP_TYPES = frozenset({"NextIteration", "RefNextIteration"})
 _UNROLL = (
-    "loops are not simulated yet: the tensors a loop saves for its gradient live in lists "
-    "whose size the graph does not state. Unroll it: Keras recurrent layers take unroll=True, "
-    "and a tf.while_loop with a fixed trip count can be a Python for loop"
+    "loops lowered to frames are not simulated: capture the step's function graph, whose "
+    "loops are functional While ops, or unroll the loop"
 )
 
 
@@ -229,13 +260,18 @@ def _received_only(t: Any) -> bool:
     return bool(readers) and all(r.name == on_device_name(t.op.name) for r in readers)
 
 
-def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]]) -> Tensor:
+def _tensor(
+    t: Any, kinds: dict[str, tuple[TensorKind, int | None]], lists: dict[str, int]
+) -> Tensor:
     kind, nbytes = kinds.get(t.name, (None, None))
     if kind is None:
         kind = TensorKind.CONSTANT if t.op.type == "Const" else TensorKind.TRANSIENT
     if is_host_copy(t.op.name) or _received_only(t):
         kind = TensorKind.HOST
-    if t.dtype.name in ("resource", "variant"):
+    if t.dtype.name == "variant" and lists.get(t.name, 0) > 0:
+        # a list holding its elements' buffers (`rewriter.loops`)
+        return Tensor(t.name, "variant", (), lists[t.name], t.op.name, TensorKind.TRANSIENT)
+    if t.dtype.name in ("resource", "variant") or t.op.type in _LIST_ELEMENT:
         if kind is not TensorKind.VARIABLE:
             kind, nbytes = TensorKind.HANDLE, 0
         return Tensor(t.name, t.dtype.name, (), nbytes or 0, t.op.name, kind)
@@ -284,9 +320,26 @@ def _broadcast_reduction(shapes: list[list[int]]) -> tuple[list[int], list[int]]
     return [i for i in range(rank) if x[i] == 1], [i for i in range(rank) if y[i] == 1]
 
 
-def _op(tf_op: Any) -> Op:
+#: ops whose output is an element a list holds: its buffer is the list's (counted there)
+_LIST_ELEMENT = frozenset({"TensorListGetItem", "TensorListPopBack"})
+
+
+def _op(tf_op: Any, loop: Loop | None = None) -> Op:
     n_in, n_out = len(tf_op.inputs), len(tf_op.outputs)
     swap = is_swap_op(tf_op.name)  # copies between host and device: never aliases
+    if loop is not None:
+        return Op(
+            name=tf_op.name,
+            type=tf_op.type,
+            inputs=[t.name for t in tf_op.inputs],
+            outputs=[t.name for t in tf_op.outputs],
+            control_inputs=[c.name for c in tf_op.control_inputs],
+            device=tf_op.device,
+            forwards=dict(loop.passed),
+            calls=_called_functions(tf_op),
+            scratch=loop.scratch,
+            repeats=loop.trips,
+        )
     return Op(
         name=tf_op.name,
         type=tf_op.type,

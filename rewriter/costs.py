@@ -56,7 +56,8 @@ def step_costs(captured: Any, preset: DevicePreset, graph: Any = None) -> dict[s
     """Per-op seconds of a captured step (of `graph`, by default the captured graph) on
     `preset`: from its calibration where it has one (`autotune calibrate`), else Grappler's."""
     if preset.calibration is None:
-        return grappler_costs(captured.concrete_function, preset)[0]
+        costs = grappler_costs(captured.concrete_function, preset)[0]
+        return _with_loops(costs, captured.concrete_function.graph, graph or captured.graph, preset)
     estimate = None
     if preset.sm_count and preset.clock_mhz:
         estimate = lambda: grappler_costs(captured.concrete_function, preset)[0]  # noqa: E731
@@ -65,6 +66,26 @@ def step_costs(captured: Any, preset: DevicePreset, graph: Any = None) -> dict[s
         _note(f"op times: {costs.note}")
     _note(_version_note(preset.calibration.tensorflow))
     return dict(costs.seconds)
+
+
+def _with_loops(
+    costs: dict[str, float], fg: Any, graph: Any, preset: DevicePreset
+) -> dict[str, float]:
+    """`costs` with each loop of `graph` priced as its trip count times its body's ops
+    (Grappler prices the loop op itself as one cheap op)."""
+    from types import SimpleNamespace
+
+    from rewriter.loops import Loops
+
+    loops = Loops(fg)
+    for name, op in graph.ops.items():
+        if op.repeats > 1 and len(op.calls) == 2:
+            body = loops.function(op.calls[1])
+            step = SimpleNamespace(graph=body, outputs=body.outputs)
+            costs[name] = costs.get(name, 0.0) + op.repeats * sum(
+                grappler_costs(step, preset)[0].values()
+            )
+    return costs
 
 
 def _note(text: str) -> None:

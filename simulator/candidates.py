@@ -152,11 +152,13 @@ class PlanContext:
 
     def _swappable(self, name: str) -> bool:
         """A transient tensor with bytes, not a step output, whose buffer (followed through
-        forwarding ops) is transient too: never an alias of a variable."""
+        forwarding ops) is transient too: never an alias of a variable. Not a loop's list
+        (`variant`): lists are not swapped yet."""
         t = self.graph.tensors[name]
         root = self.graph.tensors[self.graph.buffer_root(name)]
         transient = t.kind is TensorKind.TRANSIENT and root.kind is TensorKind.TRANSIENT
-        return transient and t.nbytes > 0 and name not in self.graph.outputs
+        listed = t.dtype == "variant"
+        return transient and not listed and t.nbytes > 0 and name not in self.graph.outputs
 
     def preds(self, name: str) -> list[str]:
         if name not in self._preds:

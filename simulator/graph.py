@@ -59,7 +59,8 @@ class Op:
     `forwards` maps an output index to the input index whose buffer it always shares (Identity,
     Reshape, ReadVariableOp, ...); `inplace` lists input indices whose buffer output 0 may take over
     when this op is that buffer's last user and the sizes match (element-wise kernels).
-    `calls` names the functions a call op (If, While, PartitionedCall) runs; `scratch` is the
+    `calls` names the functions a call op (If, While, PartitionedCall) runs (`repeats` times:
+    a loop's trip count); `scratch` is the
     temporary memory its kernel holds while it runs (freed when it ends); `cpu_scratch`, when
     set, replaces it for the CPU kernel of the process that captured the graph (`on_cpu`).
     `assigns` says how the op writes the variable whose handle is its input 0: "adopt" (the
@@ -81,6 +82,8 @@ class Op:
     scratch: int = 0
     cpu_scratch: int | None = None
     assigns: str = ""
+    #: how many times the op runs its function (`calls`): a loop's trip count
+    repeats: int = 1
 
 
 class Graph:

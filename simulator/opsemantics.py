@@ -10,6 +10,7 @@ from __future__ import annotations
 from simulator.graph import Graph
 
 __all__ = [
+    "LOOP_TYPES",
     "RECOMPUTABLE",
     "RECOMPUTABLE_HEAVY",
     "SHAPE_ONLY",
@@ -20,6 +21,9 @@ __all__ = [
     "inplace_inputs",
     "scratch_bytes",
 ]
+
+#: ops that run a function a number of times (`tf.while_loop`, Keras' recurrent layers)
+LOOP_TYPES = frozenset({"While", "StatelessWhile"})
 
 _FORWARD_FIRST = frozenset(
     {
