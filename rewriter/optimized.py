@@ -13,7 +13,7 @@ from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
 from simulator.graph import Graph
-from simulator.opsemantics import REGROUPABLE
+from simulator.opsemantics import LOOP_TYPES, REGROUPABLE
 
 __all__ = ["optimized_graph", "rewritten_ops"]
 
@@ -60,7 +60,13 @@ def _fused(before: list[Any], kept: dict[str, Any]) -> set[str]:
     keeps Grappler from rewriting it, and the separate kernels round otherwise."""
     by_name = {n.name: n for n in before}
     out: set[str] = set()
-    todo = [n.name for n in before if n.name in kept and kept[n.name].op != n.op]
+    # a loop Grappler lowers to frames keeps its name on another op, but is not a fusion: a
+    # control edge on it holds its frames back and changes no arithmetic
+    todo = [
+        n.name
+        for n in before
+        if n.name in kept and kept[n.name].op != n.op and n.op not in LOOP_TYPES
+    ]
     while todo:
         name = todo.pop()
         if name in out:

@@ -66,6 +66,10 @@ class PlanContext:
     regrouped: frozenset[str] = frozenset()
     #: levels that hold such ops and no other possible trigger (not counted as distance)
     hidden: frozenset[int] = frozenset()
+    #: the backward pass's ops and those some op of it needs (through data edges): only
+    #: waiting for one of them holds the backward pass back (the loss itself gates nothing,
+    #: as its gradient does not read it)
+    gates: frozenset[str] = frozenset()
 
     @classmethod
     def build(
@@ -85,17 +89,20 @@ class PlanContext:
             flow = gradient_flow(graph, backward_scopes)
             backward = backward_ops(graph, order, flow)
         regrouped = graph.rewritten
+        unswappable = like.unswappable if like is not None else foldable_ops(graph)
         by_level: list[list[str]] = [[] for _ in range(order.n_levels)]
-        for name in order.ops:
-            if can_wait(graph, name):
+        for name in order.ops:  # an op Grappler folds runs (as a constant) before the step
+            if can_wait(graph, name) and name not in unswappable:
                 by_level[order.level[name]].append(name)
         hidden = frozenset(order.level[n] for n in regrouped) - {
             lvl for lvl, ops in enumerate(by_level) if ops
         }
+        gates = like.gates if like is not None else frozenset(_ancestors(graph, list(backward)))
         ctx = cls(
-            graph, order, backward, [], by_level, flow=flow, regrouped=regrouped, hidden=hidden
-        )
-        ctx.unswappable = like.unswappable if like is not None else foldable_ops(graph)
+            graph, order, backward, [], by_level, flow=flow, regrouped=regrouped, hidden=hidden,
+            gates=gates,
+        )  # fmt: skip
+        ctx.unswappable = unswappable
         pos = order.position
         ctx.last_read = {
             name: max((pos[c] for c in t.consumers), default=pos[t.producer])
@@ -152,13 +159,14 @@ class PlanContext:
 
     def _swappable(self, name: str) -> bool:
         """A transient tensor with bytes, not a step output, whose buffer (followed through
-        forwarding ops) is transient too: never an alias of a variable. Not a loop's list
-        (`variant`): lists are not swapped yet."""
+        forwarding ops) is transient too: never an alias of a variable. A loop's list
+        (`variant`) only where its elements have one dtype and shape (the emulated host
+        stacks them into one array)."""
         t = self.graph.tensors[name]
         root = self.graph.tensors[self.graph.buffer_root(name)]
         transient = t.kind is TensorKind.TRANSIENT and root.kind is TensorKind.TRANSIENT
-        listed = t.dtype == "variant"
-        return transient and not listed and t.nbytes > 0 and name not in self.graph.outputs
+        opaque = t.dtype == "variant" and not t.element_dtype
+        return transient and not opaque and t.nbytes > 0 and name not in self.graph.outputs
 
     def preds(self, name: str) -> list[str]:
         if name not in self._preds:
@@ -166,12 +174,18 @@ class PlanContext:
         return self._preds[name]
 
 
+#: ops that make a list with no element values in it
+_EMPTY_LISTS = frozenset({"EmptyTensorList", "TensorListReserve"})
+
+
 def gradient_flow(graph: Graph, scopes: tuple[str, ...] = BACKWARD_SCOPES) -> frozenset[str]:
     """The ops in a gradient name scope and every op that reads, through data edges, what
     they make: a custom gradient's ops (Keras' swish, say) are built outside the
-    tape's scope, but they read the gradients that flow into them."""
+    tape's scope, but they read the gradients that flow into them. An empty list made in the
+    scope holds no gradient: the forward loop that fills it for its gradient (TensorFlow
+    names it in the tape's scope) is not in the flow."""
     seen = {n for n in graph.ops if in_scopes(n, scopes)}
-    todo = list(seen)
+    todo = [n for n in seen if graph.ops[n].type not in _EMPTY_LISTS]
     while todo:
         for t in graph.ops[todo.pop()].outputs:
             for c in graph.tensors[t].consumers:

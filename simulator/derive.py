@@ -186,13 +186,15 @@ def _lag(ctx: PlanContext, cand: Candidate, params: PlanParams, swap_ins: list[S
 
 
 def _waiter(ctx: PlanContext, cand: Candidate, lag: int) -> str:
-    """The first op at least `lag` levels after the candidate's producer ('' when `lag` is 0
-    or there is none: its readers then wait)."""
+    """The first op at least `lag` levels after the candidate's producer that holds the
+    backward pass back (`PlanContext.gates`; '' when `lag` is 0 or there is none: its
+    readers then wait)."""
     if not lag:
         return ""
     for level in range(cand.level + lag, len(ctx.by_level)):
-        if ctx.by_level[level]:
-            return ctx.by_level[level][0]
+        for op in ctx.by_level[level]:
+            if op in ctx.gates:
+                return op
     return ""
 
 

@@ -141,7 +141,7 @@ REGROUPABLE = frozenset({"Add", "AddV2", "AddN", "Sub", "Mul", "Div", "RealDiv"}
 PRODUCTS = frozenset({"Mul", "Div", "RealDiv"})
 
 #: Ops that read only a tensor's shape: never rerouted to a swap-in, never a swap trigger.
-SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "VariableShape"})
 
 
 def forwards(op_type: str, n_inputs: int, n_outputs: int) -> dict[int, int]:

@@ -193,11 +193,13 @@ def postpone_waits(
     limit: int,
     link: Link,
     backward: frozenset[str] = frozenset(),
+    gates: frozenset[str] | None = None,
 ) -> tuple[SwapPlan, np.ndarray]:
     """`plan` with the synchronized swap-outs of forward tensors waited for later, by a waiter
     where the copy should have ended, as far as `live` (bytes per step) has room under `limit`
     (see the module's docstring), and the live bytes it counts for that plan: `live` with
-    each device copy held to its waiter; `backward` holds the backward pass's ops."""
+    each device copy held to its waiter; `backward` holds the backward pass's ops, `gates`
+    (if given) the ops a waiter may be (`PlanContext.gates`)."""
     pos = timeline.order.position
     starts = [e - c for e, c in zip(timeline.base_end, timeline.cost)]
     room = live.astype(np.int64)
@@ -217,7 +219,9 @@ def postpone_waits(
             continue  # a copy is triggered before the wait could move
         due = bisect.bisect_left(starts, end, last + 1, cap)  # the first op after the copy
         after = timeline.order.level[graph.tensors[swap.tensor].producer]
-        w = _latest_waiter(graph, timeline.order, room, swap.nbytes, limit, last, due, after)
+        w = _latest_waiter(
+            graph, timeline.order, room, (swap.nbytes, limit), (last, due), after, gates
+        )
         now = pos[swap.waiter] if swap.waiter else last
         if w > max(now, last):
             waiters[i] = timeline.order.ops[w]
@@ -232,21 +236,27 @@ def _latest_waiter(
     graph: Graph,
     order: Order,
     room: np.ndarray,
-    nbytes: int,
-    limit: int,
-    last: int,
-    due: int,
+    size: tuple[int, int],
+    steps: tuple[int, int],
     after: int,
+    gates: frozenset[str] | None,
 ) -> int:
-    """The latest step up to `due` whose op, of a level past `after`, can wait for a copy
-    while the copy, held on the device from after step `last` through that step (a stalled
-    waiter runs when the copy ends, at its own step), fits in `room` under `limit`; `last` (the
-    readers wait) when there is none."""
+    """The latest step up to `due` whose op, of a level past `after` (and among `gates`), can
+    wait for a copy of `nbytes` while the copy, held on the device from after step `last`
+    through that step (a stalled waiter runs when the copy ends, at its own step), fits in
+    `room` under `limit` (`size`: nbytes, limit; `steps`: last, due); `last` (the readers
+    wait) when there is none."""
+    (nbytes, limit), (last, due) = size, steps
     if room[last + 1] + nbytes > limit:
         return last
     w = last + 1
     while w < due and room[w + 1] + nbytes <= limit:
         w += 1
-    while w > last and (not can_wait(graph, order.ops[w]) or order.level[order.ops[w]] <= after):
+
+    def unusable(op: str) -> bool:
+        gated = gates is None or op in gates
+        return not gated or not can_wait(graph, op) or order.level[op] <= after
+
+    while w > last and unusable(order.ops[w]):
         w -= 1
     return w if w > last else last

@@ -127,7 +127,8 @@ def prefetched(
     backward = engine.context.backward
     live = live_bytes(engine, plan, link)
     if postpone and any(s.sync for s in plan.swaps):
-        plan, live = postpone_waits(graph, timeline, plan, live, limit, link, backward)
+        gates = engine.context.gates
+        plan, live = postpone_waits(graph, timeline, plan, live, limit, link, backward, gates)
     start = engine.backward_start
     if not any(graph.tensors[s.tensor].producer in backward for s in plan.swaps):
         moved, counted = prefetch(graph, timeline, plan, live, limit, link, start, backward)

@@ -42,7 +42,7 @@ def _chain_rule(ctx: PlanContext, cand: Candidate, reader: str, params: PlanPara
                 continue
             seen.add(p)
             d = level[reader] - level[p]
-            usable = can_wait(ctx.graph, p)
+            usable = can_wait(ctx.graph, p) and p not in ctx.unswappable
             if params.lb <= d <= params.ub and usable:
                 return p
             if d < params.ub:
