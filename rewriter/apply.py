@@ -179,7 +179,8 @@ def apply_plan(
         for before, later in plan.order_edges:
             _wait(g.get_operation_by_name(later), g.get_operation_by_name(before))
         copies: dict[tuple[str, int], Any] = {}
-        after = _insert_swaps(g, plan, mode, (compute_device, host_device), copies)
+        lists = _lists(captured.full_graph)
+        after = _insert_swaps(g, plan, mode, (compute_device, host_device), copies, lists)
         with _on(scope):
             for trigger, ops in _insert_recomputes(g, plan, copies).items():
                 after.setdefault(trigger, []).extend(ops)
@@ -238,16 +239,27 @@ def _triggers(after: dict[str, list[Any]]) -> dict[str, str]:
     return {op.name: trigger for trigger, ops in after.items() for op in ops if is_swap_in(op.name)}
 
 
+def _lists(graph: Graph) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The loops' lists of `graph` whose elements have one dtype and shape, with those."""
+    return {
+        name: (t.element_dtype, t.shape[1:])
+        for name, t in graph.tensors.items()
+        if t.dtype == "variant" and t.element_dtype
+    }
+
+
 def _insert_swaps(
     g: Any,
     plan: SwapPlan,
     mode: str,
     devices: tuple[str | None, str],
     copies: dict[tuple[str, int], Any],
+    lists: dict[str, tuple[str, tuple[int, ...]]],
 ) -> dict[str, list[Any]]:
     """Add the swap ops of `plan` to the imported graph `g` and reroute the readers; return
     the swap ops by the op they follow (a swap-out its producer, a swap-in its trigger), and
-    put each swap-in's output in `copies` by (tensor, k)."""
+    put each swap-in's output in `copies` by (tensor, k). A loop's list in `lists` goes to
+    the emulated host as the stack of its elements (`hostops`)."""
     import tensorflow as tf
 
     compute_device, host_device = devices
@@ -256,7 +268,10 @@ def _insert_swaps(
         tensor = g.get_tensor_by_name(swap.tensor)
         forward = [op for op in tensor.consumers() if op.name not in swap.rerouted]
         with _on(host_device if mode == "device" else tensor.device):
-            stored = hostops.swap_out(tensor, mode, len(swap.swap_ins), swap_out_name(swap.tensor))
+            element = lists.get(swap.tensor)
+            stored = hostops.swap_out(
+                tensor, mode, len(swap.swap_ins), swap_out_name(swap.tensor), element
+            )
         after.setdefault(tensor.op.name, []).append(_keep(stored))
         waiters = [g.get_operation_by_name(swap.waiter)] if swap.waiter else forward
         for reader in waiters if swap.sync else ():
@@ -268,7 +283,7 @@ def _insert_swaps(
             # the copy as soon as the swap-out is sent, see docs/gpu.md)
             home = host_device if mode == "device" else tensor.device
             with _on(home), tf.control_dependencies([trigger]):
-                back = hostops.swap_in(stored, tensor, mode, swap_in_name(swap.tensor, k))
+                back = hostops.swap_in(stored, tensor, mode, swap_in_name(swap.tensor, k), element)
             after.setdefault(trigger.name, []).append(_keep(back))
             if mode == "device":
                 back = _on_device(back, tensor.device or compute_device)

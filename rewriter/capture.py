@@ -148,8 +148,10 @@ def graph_from_func_graph(
                 loop = _with_body_scratch(loop, root if root is not None else fg)
         except LoopError as err:
             raise CaptureError(str(err)) from None
-        tensors = [_tensor(t, kinds, loops.list_bytes) for t in tf_op.outputs]
+        tensors = [_tensor(t, kinds, loops) for t in tf_op.outputs]
         graph.add_op(_op(tf_op, loop), tensors)
+    for name in loops.shared & graph.tensors.keys():  # made before the loop that shares it
+        graph.tensors[name].element_dtype = ""
     graph.mark_outputs([t.name for t in fg.outputs if t.name in graph.tensors])
     graph.lint()
     return graph
@@ -260,17 +262,14 @@ def _received_only(t: Any) -> bool:
     return bool(readers) and all(r.name == on_device_name(t.op.name) for r in readers)
 
 
-def _tensor(
-    t: Any, kinds: dict[str, tuple[TensorKind, int | None]], lists: dict[str, int]
-) -> Tensor:
+def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]], loops: Loops) -> Tensor:
     kind, nbytes = kinds.get(t.name, (None, None))
     if kind is None:
         kind = TensorKind.CONSTANT if t.op.type == "Const" else TensorKind.TRANSIENT
     if is_host_copy(t.op.name) or _received_only(t):
         kind = TensorKind.HOST
-    if t.dtype.name == "variant" and lists.get(t.name, 0) > 0:
-        # a list holding its elements' buffers (`rewriter.loops`)
-        return Tensor(t.name, "variant", (), lists[t.name], t.op.name, TensorKind.TRANSIENT)
+    if t.dtype.name == "variant" and loops.list_bytes.get(t.name, 0) > 0:
+        return _list(t, loops)
     if t.dtype.name in ("resource", "variant") or t.op.type in _LIST_ELEMENT:
         if kind is not TensorKind.VARIABLE:
             kind, nbytes = TensorKind.HANDLE, 0
@@ -292,6 +291,22 @@ def _tensor(
     return Tensor(
         t.name, t.dtype.name, dims, int(shape.num_elements()) * t.dtype.size, t.op.name, kind
     )
+
+
+def _list(t: Any, loops: Loops) -> Tensor:
+    """A list holding its elements' buffers (`rewriter.loops`): shaped (elements, *their
+    shape) where they have one static shape and no other list holds them, and then with
+    their dtype (which makes it a swap candidate)."""
+    nbytes = loops.list_bytes[t.name]
+    element = loops.element.get(t.name)
+    if element is None or t.name in loops.shared:
+        return Tensor(t.name, "variant", (), nbytes, t.op.name, TensorKind.TRANSIENT)
+    dtype, shape = element
+    count = (loops.elements.get(t.name, 0),)
+    return Tensor(
+        t.name, "variant", count + shape, nbytes, t.op.name, TensorKind.TRANSIENT,
+        element_dtype=dtype,
+    )  # fmt: skip
 
 
 def _inferred_shape(t: Any) -> Any:

@@ -11,29 +11,44 @@ from typing import Any
 __all__ = ["swap_in", "swap_out"]
 
 
-def swap_out(tensor: Any, mode: str, readers: int, name: str) -> Any:
+def swap_out(tensor: Any, mode: str, readers: int, name: str, element: Any = None) -> Any:
     """The swap-out of `tensor` (read back by `readers` swap-ins): on the host device an
-    Identity (`device` mode), or a copy into the emulated host that returns its key."""
+    Identity (`device` mode: TensorFlow copies a list's elements with it), or a copy into the
+    emulated host that returns its key. A loop's list has `element`, the (dtype, shape) of
+    its elements, and goes to the emulated host stacked into one array."""
     import tensorflow as tf
 
     if mode == "device":
         return tf.identity(tensor, name=name)
+    if element is not None:
+        dtype, shape = element
+        tensor = tf.raw_ops.TensorListStack(
+            input_handle=tensor, element_shape=tf.constant(list(shape), tf.int32),
+            element_dtype=tf.as_dtype(dtype),
+            name=f"{name}/stack",
+        )  # fmt: skip
     token = tf.numpy_function(_HOST.put_with(readers), [tensor], tf.int64, stateful=True, name=name)
     token.set_shape(())
     return token
 
 
-def swap_in(stored: Any, like: Any, mode: str, name: str) -> Any:
+def swap_in(stored: Any, like: Any, mode: str, name: str, element: Any = None) -> Any:
     """The swap-in of what `swap_out` made, shaped `like` the swapped tensor: an Identity on
-    the host (`device`), or the emulated host's array copied into TensorFlow's allocator."""
+    the host (`device`), or the emulated host's array copied into TensorFlow's allocator (for
+    a list with `element` of `like`'s `shape`, its stack made a list again)."""
     import tensorflow as tf
 
     if mode == "device":
         return tf.identity(stored, name=name)  # on the host, waiting for its trigger
-    fetched = tf.numpy_function(
-        _HOST.take, [stored], like.dtype, stateful=True, name=f"{name}/fetch"
-    )
-    fetched.set_shape(like.shape)
+    dtype, shape = like.dtype, like.shape
+    if element is not None:
+        dtype, shape = tf.as_dtype(element[0]), [None, *element[1]]
+    fetched = tf.numpy_function(_HOST.take, [stored], dtype, stateful=True, name=f"{name}/fetch")
+    fetched.set_shape(shape)
+    if element is not None:  # the list's elements are copies of the fetched array's rows
+        return tf.raw_ops.TensorListFromTensor(
+            tensor=fetched, element_shape=tf.constant(list(element[1]), tf.int32), name=name
+        )
     # a Python function's output has no static shape for Grappler; without one its arithmetic
     # optimizer reorders the readers' multiplication chains differently (last-bit changes)
     shaped = tf.raw_ops.EnsureShape(input=fetched, shape=like.shape, name=f"{name}/fetch/shape")

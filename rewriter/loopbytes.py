@@ -16,7 +16,9 @@ __all__ = [
     "LoopError",
     "ahead_bytes",
     "delta",
+    "element",
     "passed",
+    "sharing",
     "tensor_bytes",
 ]
 
@@ -98,6 +100,21 @@ _LIST_CHANGE: dict[str, Callable[[Any, Any, Held], Change]] = {
 }
 
 
+def element(t: Any) -> tuple[str, tuple[int, ...]] | None:
+    """(dtype, shape) of what the body output `t`, a list, has pushed or set in it (through
+    the ops that pass a list on), if that has a static shape; None otherwise."""
+    while True:
+        kind = t.op.type
+        if kind in ("TensorListPushBack", "TensorListSetItem"):
+            item = t.op.inputs[1 if kind == "TensorListPushBack" else 2]
+            if not item.shape.is_fully_defined():
+                return None
+            return item.dtype.name, tuple(int(d) for d in item.shape.as_list())
+        if kind not in PASS and kind not in _LIST_CHANGE:
+            return None
+        t = t.op.inputs[0]
+
+
 def passed(body: Any) -> dict[int, int]:
     """Outputs of the loop that are its input unchanged (a handle, an invariant value)."""
     index = {x.name: i for i, x in enumerate(body.inputs)}
@@ -143,6 +160,52 @@ def _pushed(body: Any) -> set[str]:
             out.add(_root(op.inputs[1]).name)
         elif op.type == "TensorListSetItem":
             out.add(_root(op.inputs[2]).name)
+    return out
+
+
+def sharing(body: Any) -> set[int]:
+    """The lists of `body` (by loop variable) whose elements another list holds too: the
+    previous state of a recurrence pushed where the state itself was pushed or set, an
+    element read from one list pushed onto another. Copying one of them to the host frees
+    nothing while the other holds the same buffers."""
+    index = {x.name: i for i, x in enumerate(body.inputs)}
+    holders: dict[str, set[int]] = {}
+    out: set[int] = set()
+    for i, t in enumerate(body.outputs):
+        if t.dtype.name != "variant":
+            continue
+        for item in _items(t, index):
+            root = _root(item)
+            if root.name in index:  # the value the loop variable had: its last value
+                root = _root(body.outputs[index[root.name]])
+            if root.op.type in _ELEMENT_READS:
+                source = _root(root.op.inputs[0])
+                out |= {i, index[source.name]} if source.name in index else {i}
+            holders.setdefault(root.name, set()).add(i)
+    for held in holders.values():
+        if len(held) > 1:
+            out |= held
+    return out
+
+
+_ELEMENT_READS = ("TensorListGetItem", "TensorListPopBack")
+
+
+def _items(t: Any, index: dict[str, int]) -> list[Any]:
+    """What is pushed or set into the list `t` of a body (through the ops that pass a list
+    on, change it, or sum lists) since the loop variable it comes from."""
+    out, todo, seen = [], [t], set()
+    while todo:
+        t = todo.pop()
+        if t.name in seen or t.name in index:
+            continue
+        seen.add(t.name)
+        kind = t.op.type
+        if kind == "TensorListPushBack":
+            out.append(t.op.inputs[1])
+        elif kind == "TensorListSetItem":
+            out.append(t.op.inputs[2])
+        todo.extend(x for x in t.op.inputs if x.dtype.name == "variant")
     return out
 
 

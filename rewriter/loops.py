@@ -23,7 +23,9 @@ from rewriter.loopbytes import (
     LoopError,
     ahead_bytes,
     delta,
+    element,
     passed,
+    sharing,
     tensor_bytes,
 )
 from rewriter.loopvalues import Evaluator, Unknown, closure, reads
@@ -84,6 +86,10 @@ class Loops:
         self.list_bytes: dict[str, int] = {}  # variant tensor -> bytes of the elements it holds
         self.full: set[str] = set()  # lists whose every slot holds an element
         self.elements: dict[str, int] = {}  # list -> elements it holds
+        #: list -> (dtype, shape) of its elements, where all have one static shape
+        self.element: dict[str, tuple[str, tuple[int, ...]]] = {}
+        #: lists whose elements another list holds too (`loopbytes.sharing`)
+        self.shared: set[str] = set()
         self.finals: dict[str, Any] = {}  # loop output -> its final value (control values)
         self.loops: dict[str, Loop] = {}
 
@@ -109,6 +115,7 @@ class Loops:
             for i, t in enumerate(op.outputs):
                 if t.dtype.name == "variant":
                     self.list_bytes[t.name] = loop.list_bytes.get(i, 0)
+                    self._element(t, element(loop.body.outputs[i]), op.inputs[i].name)
             return loop
         for t in op.outputs:
             if t.dtype.name == "variant":
@@ -124,14 +131,26 @@ class Loops:
             self.full.add(t.name)
             shape = op.inputs[0].shape
             self.elements[t.name] = int(shape[0]) if shape.rank else 0
+            if shape.is_fully_defined() and shape.rank:
+                dims = tuple(int(d) for d in shape.as_list()[1:])
+                self.element[t.name] = (op.inputs[0].dtype.name, dims)
             return tensor_bytes(op.inputs[0])
         if kind in ("ZerosLike", "OnesLike") or kind in PASS:
             src = op.inputs[t.value_index if kind == "IdentityN" else 0].name
             if src in self.full:
                 self.full.add(t.name)
             self.elements[t.name] = self.elements.get(src, 0)
+            self._element(t, None, src)
             return self.list_bytes.get(src, 0)
         return 0
+
+    def _element(self, t: Any, pushed: tuple[str, tuple[int, ...]] | None, src: str) -> None:
+        """Record the elements of list `t`: those `pushed` into list `src` to make it, which
+        must be like those `src` holds already (if it holds any)."""
+        before = self.element.get(src) if self.elements.get(src) else None
+        kinds = {k for k in (before, pushed) if k is not None}
+        if len(kinds) == 1:
+            self.element[t.name] = kinds.pop()
 
     # -- trip count ------------------------------------------------------------------------
 
@@ -158,6 +177,8 @@ class Loops:
                 self.elements[op.outputs[i].name] = max(
                     0, self.elements.get(t.name, 0) + trips * change[1]
                 )
+        for i in sharing(body):
+            self.shared |= {op.inputs[i].name, op.outputs[i].name}
         attrs = op.node_def.attr
         parallel = op.get_attr("parallel_iterations") if "parallel_iterations" in attrs else 1
         ahead = ahead_bytes(body, control | set(unchanged))

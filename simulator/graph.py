@@ -50,6 +50,9 @@ class Tensor:
     producer: str
     kind: TensorKind = TensorKind.TRANSIENT
     consumers: list[str] = field(default_factory=list)
+    #: for a loop's list (`dtype` "variant", `shape` its elements and their shape): the
+    #: elements' dtype, where all have one static shape; "" for any other tensor
+    element_dtype: str = ""
 
 
 @dataclass

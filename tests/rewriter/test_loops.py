@@ -96,3 +96,78 @@ def test_the_iterations_running_ahead_hold_what_waits_for_the_lagging_chain() ->
     assert _loop(ahead=100, parallel=64, shrink=30).scratch == 7 + 10 * (100 - 30)
     # a forward loop whose lists grow faster than what runs ahead: nothing above its outputs
     assert _loop(ahead=20, parallel=4, grow=50).scratch == 7
+
+
+def _lstm(seed: int) -> tuple[Any, Any]:
+    """Two stacked Keras LSTMs (not unrolled) after an embedding, with Adam: the model and its
+    captured training step."""
+    import keras
+
+    from autotune.api import capture
+
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((12,), dtype="int32")
+    x = keras.layers.Embedding(50, 8)(ids)
+    x = keras.layers.LSTM(16, return_sequences=True)(x)
+    model = keras.Model(ids, keras.layers.Dense(2)(keras.layers.LSTM(16)(x)))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer = keras.optimizers.Adam(1e-3)
+    return (model, optimizer), capture(model, loss=loss, optimizer=optimizer, batch_size=8)
+
+
+def test_lists_that_share_their_elements_with_another_are_not_swap_candidates() -> None:
+    step, x = _step(5)
+    graph = capture_function(step, x).graph
+    lists = [t for t in graph.tensors.values() if t.dtype == "variant" and t.nbytes]
+    # the recurrence pushes each step's tanh output, and as the next step's input again
+    assert lists and not any(t.element_dtype for t in lists)
+    _, captured = _lstm(0)
+    graph = captured.graph
+    saved = [
+        t
+        for t in graph.tensors.values()
+        if t.element_dtype
+        and graph.ops[t.producer].type in LOOP_TYPES
+        and any(graph.ops[c].type in LOOP_TYPES for c in t.consumers)
+    ]
+    # what the forward loops hand their gradients' loops: an element per time step
+    assert len(saved) > 5 and all(t.shape[0] == 12 for t in saved)
+
+
+@pytest.mark.parametrize("mode", ["emulated", "device"])
+def test_a_recurrent_step_with_its_lists_swapped_trains_bitwise_like_the_original(
+    mode: str,
+) -> None:
+    import numpy as np
+
+    from autotune.run.measure import example_tensors
+    from rewriter.apply import apply_plan
+    from simulator.derive import PlanContext, PlanParams
+    from simulator.engine import Engine
+
+    (model_a, opt_a), cap_a = _lstm(3)
+    (model_b, opt_b), cap_b = _lstm(3)
+    plan = Engine.build(cap_b.graph).evaluate(PlanParams(ub=1, sync_out=True)).plan
+    swapped = {s.tensor for s in plan.swaps}
+    assert any(cap_b.graph.tensors[t].dtype == "variant" for t in swapped)
+    gates = PlanContext.build(cap_b.graph).gates  # a waiter holds the backward pass back
+    assert all(s.waiter in gates for s in plan.swaps if s.waiter)
+    devices = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
+    tuned = apply_plan(cap_b, plan, mode=mode, **(devices if mode == "device" else {}))
+    inputs = example_tensors(cap_a.specs, seed=7)
+    assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
+    state_a = [*model_a.weights, *opt_a.variables]
+    state_b = [*model_b.weights, *opt_b.variables]
+    for va, vb in zip(state_a, state_b, strict=True):
+        assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+
+
+def test_the_forward_loop_is_not_in_the_gradient_flow_its_empty_lists_are_named_in() -> None:
+    from simulator.candidates import gradient_flow
+
+    step, x = _step(5)
+    graph = capture_function(step, x).graph
+    flow = gradient_flow(graph)
+    assert any(graph.ops[n].type == "EmptyTensorList" for n in flow)  # in the tape's scope
+    assert "while" not in flow and "gradient_tape/while/while_grad" in flow
+    assert not any(graph.ops[n].type in LOOP_TYPES for n in graph.rewritten)
