@@ -215,35 +215,42 @@ def lstm_classifier(
     units: int = 512,
     layers_: int = 2,
     classes: int = 2,
+    unroll: bool = True,
 ) -> Any:
     """A text classifier as the Keras examples write it: token embedding, stacked LSTMs (the
-    last returns its final state), logits. Unrolled (`unroll=True`): the tool refuses loops
-    (`rewriter.capture`), and unrolling is what it tells a user to do."""
+    last returns its final state), logits. Unrolled (`unroll=True`), each time step is its
+    own ops; else each layer is a loop (`rewriter.loops`), as Keras runs it by default."""
     import keras
     from keras import layers
 
     ids = keras.Input((seq,), dtype="int32", name="tokens")
     x = layers.Embedding(vocab, embed)(ids)
     for i in range(layers_):
-        x = layers.LSTM(units, return_sequences=i < layers_ - 1, unroll=True)(x)
+        x = layers.LSTM(units, return_sequences=i < layers_ - 1, unroll=unroll)(x)
     return keras.Model(ids, layers.Dense(classes)(x), name="lstm_classifier")
 
 
 def gru_seq2seq(
-    *, source: int = 50, target: int = 50, vocab: int = 8000, embed: int = 256, units: int = 512
+    *,
+    source: int = 50,
+    target: int = 50,
+    vocab: int = 8000,
+    embed: int = 256,
+    units: int = 512,
+    unroll: bool = True,
 ) -> Any:
     """A GRU encoder-decoder for translation (Cho et al., 2014, as the Keras examples write
     it): the encoder's final state starts the decoder, which reads the shifted target, logits
-    over the target vocabulary. One input of `source + target` token ids, split; unrolled as
-    `lstm_classifier` is."""
+    over the target vocabulary. One input of `source + target` token ids, split; unrolled or
+    loops as `lstm_classifier`."""
     import keras
     from keras import layers
 
     ids = keras.Input((source + target,), dtype="int32", name="tokens")
     src = layers.Embedding(vocab, embed, name="source_embedding")(ids[:, :source])
     tgt = layers.Embedding(vocab, embed, name="target_embedding")(ids[:, source:])
-    _, state = layers.GRU(units, return_state=True, unroll=True, name="encoder")(src)
-    out = layers.GRU(units, return_sequences=True, unroll=True, name="decoder")(
+    _, state = layers.GRU(units, return_state=True, unroll=unroll, name="encoder")(src)
+    out = layers.GRU(units, return_sequences=True, unroll=unroll, name="decoder")(
         tgt, initial_state=state
     )
     return keras.Model(ids, layers.Dense(vocab)(out), name="gru_seq2seq")

@@ -170,6 +170,12 @@ _CORPUS = (
              "tokens, Adam", corpus.lstm_classifier, optimizer=functools.partial(_adam, 1e-3)),
     ZooEntry("gru-seq2seq", "GRU encoder-decoder (512 units, unrolled), 50+50 tokens, Adam",
              corpus.gru_seq2seq, optimizer=functools.partial(_adam, 1e-3)),
+    ZooEntry("lstm-classifier-loop", "lstm-classifier as Keras runs it by default (a loop "
+             "per layer)", functools.partial(corpus.lstm_classifier, unroll=False),
+             optimizer=functools.partial(_adam, 1e-3)),
+    ZooEntry("gru-seq2seq-loop", "gru-seq2seq as Keras runs it by default (a loop per layer)",
+             functools.partial(corpus.gru_seq2seq, unroll=False),
+             optimizer=functools.partial(_adam, 1e-3)),
 )  # fmt: skip
 
 ZOO: dict[str, ZooEntry] = {

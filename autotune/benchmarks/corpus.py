@@ -90,6 +90,9 @@ CORPUS = (
     Member("lstm-classifier", small={"seq": 8, "vocab": 100, "embed": 16, "units": 32}),
     Member("gru-seq2seq", small={"source": 6, "target": 6, "vocab": 50, "embed": 16,
                                  "units": 32}),
+    Member("lstm-classifier-loop", small={"seq": 8, "vocab": 100, "embed": 16, "units": 32}),
+    Member("gru-seq2seq-loop", small={"source": 6, "target": 6, "vocab": 50, "embed": 16,
+                                      "units": 32}),
     Member("unet3d", small={"filters": (4, 8, 16, 32)}, small_size=16),
     Member("unet3d-isensee2017", small={"base_filters": 4}, small_size=16),
 )  # fmt: skip
