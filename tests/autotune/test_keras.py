@@ -164,3 +164,31 @@ def test_the_callback_is_reachable_from_the_package() -> None:
     code = "import autotune; print(autotune.keras.SwapCallback.__name__)"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.split()[-1] == "SwapCallback", run.stderr[-2000:]
+
+
+def _recurrent(seed: int):  # type: ignore[no-untyped-def]
+    """Two stacked Keras LSTMs (loops, as Keras runs them by default), compiled as users do."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((12,), dtype="int32")
+    x = keras.layers.LSTM(16, return_sequences=True)(keras.layers.Embedding(50, 8)(ids))
+    model = keras.Model(ids, keras.layers.Dense(2)(keras.layers.LSTM(16)(x)))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss, metrics=["accuracy"])
+    return model
+
+
+def test_fit_of_a_recurrent_model_with_its_lists_swapped_trains_bitwise() -> None:
+    import autotune
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 50, size=(100, 12)).astype("int32"), rng.integers(0, 2, size=100)
+    a, b = _recurrent(1), _recurrent(1)
+    need = autotune.simulate(a, loss=a.loss, optimizer=a.optimizer, batch_size=32).peak_bytes
+    cb = SwapCallback(gpu_memory=int(need * 0.93), trials=10, safety_ratio=1.0, verbose=0)
+    ha = a.fit(x, y, batch_size=32, epochs=2, verbose=0).history
+    hb = b.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[cb]).history
+    assert cb.tuned is not None
+    graph = cb.tuned.captured.graph
+    assert any(graph.tensors[s.tensor].dtype == "variant" for s in cb.tuned.plan.swaps)
+    assert ha == hb and _same(a, b)

@@ -152,7 +152,7 @@ def test_a_recurrent_step_with_its_lists_swapped_trains_bitwise_like_the_origina
     assert any(cap_b.graph.tensors[t].dtype == "variant" for t in swapped)
     gates = PlanContext.build(cap_b.graph).gates  # a waiter holds the backward pass back
     assert all(s.waiter in gates for s in plan.swaps if s.waiter)
-    devices = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
+    devices: dict[str, Any] = {"compute_device": "/device:CPU:0", "host_device": "/device:CPU:1"}
     tuned = apply_plan(cap_b, plan, mode=mode, **(devices if mode == "device" else {}))
     inputs = example_tensors(cap_a.specs, seed=7)
     assert np.array_equal(cap_a.concrete_function(*inputs).numpy(), tuned(*inputs).numpy())
