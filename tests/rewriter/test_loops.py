@@ -160,6 +160,12 @@ def test_a_recurrent_step_with_its_lists_swapped_trains_bitwise_like_the_origina
     state_b = [*model_b.weights, *opt_b.variables]
     for va, vb in zip(state_a, state_b, strict=True):
         assert np.array_equal(np.asarray(va), np.asarray(vb)), va.path
+    if mode == "device":  # every swap-in ran on the host after its trigger (Grappler kept them)
+        from autotune.run.gating import check_gating, executed_partitions
+
+        again = apply_plan(cap_b, plan, mode=mode, **devices)
+        report = check_gating(again, executed_partitions(again, *inputs))
+        assert report.gates and report.gated == len(report.gates) and not report.leaks
 
 
 def test_the_forward_loop_is_not_in_the_gradient_flow_its_empty_lists_are_named_in() -> None:
