@@ -51,6 +51,9 @@ class BFCModel:
         if not 0 < memory_limit < _UNIT << _ADDR_BITS - 1:
             raise ValueError(f"memory limit {memory_limit} B is not within 1 B to 32 PiB")
         self.memory_limit = memory_limit
+        #: tensors that are a loop's list: TensorFlow allocates each of its elements, so its
+        #: request never holds a chunk beyond its size (it is always split off)
+        self.lists: frozenset[int] = frozenset()
         self.region_bytes = min(memory_limit, _FIRST_REGION) if allow_growth else memory_limit
         self.region_bytes = _units(self.region_bytes) * _UNIT
         self.allocated_regions = 0
@@ -119,6 +122,7 @@ class BFCModel:
         used, free_at, free_end, ordered = self.used, self.free_at, self.free_end, self.sorted_free
         shift, mask, waste = _ADDR_BITS, _ADDR_MASK, _MAX_INTERNAL_FRAGMENTATION
         free, placed, bits, up = _FREE, DEVICE_ALLOCS, _UNIT_BITS, _UNIT - 1
+        lists = self.lists
         in_use, peak = self.in_use_units, self.peak_units
         try:
             for kind, _, tensor, nbytes, _, _ in rows:
@@ -146,7 +150,8 @@ class BFCModel:
                         key = ordered.pop(bisect_left(ordered, units << shift))
                     size, addr = key >> shift, key & mask
                     del free_at[addr]
-                    if size >= 2 * units or size - units >= waste:  # split off the rest
+                    spare = size - units
+                    if size >= 2 * units or spare >= waste or spare and tensor in lists:  # split
                         rest = addr + units
                         free_at[rest] = size - units
                         free_end[addr + size] = rest

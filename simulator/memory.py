@@ -88,7 +88,7 @@ class _Walk:
         #: per buffer, the step of its last use while it is allocated, else -1
         self.buf_last = [-1] * len(program.last_use)
         self.frees: list[list[int] | None] = [None] * len(program.steps)
-        self.trace = Trace(program.order.ops, program.levels, program.names)
+        self.trace = Trace(program.order.ops, program.levels, program.names, program.lists)
         self.heap = LiveBytes(program.persistent_bytes, self.trace.rows.append)
         self.buf: list[int] = []
 

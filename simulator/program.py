@@ -71,6 +71,8 @@ class Program:
     #: (buffer id, bytes, +1 placed / -1 freed), after the step's frees and swap-ins; a
     #: buffer placed there and never freed there lives to its last use
     recomputes: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    #: the tensors that are a loop's lists: many element buffers, not one (`simulator.allocator`)
+    lists: frozenset[int] = frozenset()
 
 
 def added_visits(visits: list[int], steps: Iterable[int]) -> list[int]:
@@ -161,9 +163,10 @@ def _program(
     freeing = {last[t] for outs in steps for t, _, _, _ in outs}
     visits = sorted(placing | freeing | {len(order.ops)})
     assignments = _assignments(graph, order, tid, last, held_names)
+    lists = frozenset(tid[n] for n, t in graph.tensors.items() if t.dtype == "variant" and n in tid)
     return Program(
         order, names, steps, last, alloc, sum(held), levels, visits, held, tid,
-        assignments=assignments,
+        assignments=assignments, lists=lists,
     )  # fmt: skip
 
 

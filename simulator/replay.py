@@ -129,6 +129,7 @@ def _replay_peak(
     trace: Trace, resident: list[int], model: BFCModel, warmup: bool, moves: Sequence[Move]
 ) -> int:
     heap = BFCHeap(model, trace.n_tensors, resident)
+    model.lists = trace.lists
     if moves:
         actions = _move_actions(trace.rows, moves)
         for _ in range(2 if warmup else 1):

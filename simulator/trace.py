@@ -46,10 +46,18 @@ class Trace:
     """Events stored as tuples in `rows` (the interpreter appends them directly, one append per
     event in the hot loop), read as columns or as `Event`s."""
 
-    def __init__(self, ops: tuple[str, ...], levels: list[int], tensors: list[str]) -> None:
+    def __init__(
+        self,
+        ops: tuple[str, ...],
+        levels: list[int],
+        tensors: list[str],
+        lists: frozenset[int] = frozenset(),
+    ) -> None:
         self._ops = ops
         self._levels = levels
         self._tensors = tensors
+        #: tensors that are a loop's lists (`Program.lists`)
+        self.lists = lists
         self.rows: list[Row] = []
         self._columns: list[tuple[int, ...]] | None = None
 

@@ -17,10 +17,10 @@ from simulator.opsemantics import LOOP_TYPES
 BATCH, WIDTH = 8, 16
 
 
-def _step(trips: int | None) -> tuple[Any, Any]:
+def _step(trips: int | None, batch: int = BATCH, width: int = WIDTH) -> tuple[Any, Any]:
     """A training step with a recurrence h = tanh(h @ w + x) in a tf.while_loop, run `trips`
     times, or (None) until its state's sum is large: a bound that depends on the data."""
-    w = tf.Variable(tf.random.normal((WIDTH, WIDTH), stddev=0.1, seed=1))
+    w = tf.Variable(tf.random.normal((width, width), stddev=0.1, seed=1))
 
     @tf.function
     def step(x: Any) -> Any:
@@ -38,7 +38,7 @@ def _step(trips: int | None) -> tuple[Any, Any]:
         w.assign_sub(0.01 * tape.gradient(loss, w))
         return loss
 
-    return step, tf.random.normal((BATCH, WIDTH), seed=2)
+    return step, tf.random.normal((batch, width), seed=2)
 
 
 def _lists(trips: int) -> tuple[list[int], int]:
@@ -66,6 +66,15 @@ def test_a_loop_runs_its_trip_count_and_its_lists_hold_one_state_per_iteration(
     # the gradient needs each step's tanh output; the weight read is the variable's buffer,
     # and the previous state is the tanh output of the step before: pushed once each
     assert handed == trips * BATCH * WIDTH * 4
+
+
+def test_a_list_costs_the_allocator_model_its_bytes_not_a_region() -> None:
+    from simulator import simulate
+
+    step, x = _step(200, 256, 512)  # a 105 MB list of 0.5 MB elements
+    sim = simulate(capture_function(step, x).graph)
+    # as one 105 MB request it held a whole 128 MiB chunk: 1.28x the live peak
+    assert sim.peak_bytes < 1.05 * sim.live_peak_bytes
 
 
 def test_a_loop_bound_by_the_data_is_refused_naming_it_within_seconds() -> None:

@@ -23,6 +23,17 @@ def test_request_below_half_a_chunk_takes_the_whole_chunk() -> None:
     assert bfc.in_use == (2 << 20)
 
 
+def test_a_loops_list_holds_only_its_bytes_where_one_tensor_holds_the_chunk() -> None:
+    # a list is many element buffers, each in a chunk of its size: 1.57 MB of them in a fresh
+    # 2 MiB region leave the rest free, where one 1.57 MB tensor holds all of it
+    rows = [(int(EventKind.ALLOC), 0, 0, 4, 0, 0), (int(EventKind.ALLOC), 0, 1, 1572864, 0, 0)]
+    one, listed = BFCModel(), BFCModel()
+    listed.lists = frozenset({1})
+    one.replay(rows, [0, 0])
+    listed.replay(rows, [0, 0])
+    assert (one.in_use, listed.in_use) == (2 << 20, 256 + 1572864)
+
+
 def test_regions_double_and_free_chunks_coalesce() -> None:
     bfc = BFCModel()
     a = bfc.allocate(1 << 20)
