@@ -71,7 +71,8 @@ class Program:
     #: (buffer id, bytes, +1 placed / -1 freed), after the step's frees and swap-ins; a
     #: buffer placed there and never freed there lives to its last use
     recomputes: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
-    #: the tensors that are a loop's lists: many element buffers, not one (`simulator.allocator`)
+    #: the buffers that are many of TensorFlow's, not one: a loop's lists and scratch
+    #: (`simulator.allocator`)
     lists: frozenset[int] = frozenset()
 
 
@@ -163,11 +164,20 @@ def _program(
     freeing = {last[t] for outs in steps for t, _, _, _ in outs}
     visits = sorted(placing | freeing | {len(order.ops)})
     assignments = _assignments(graph, order, tid, last, held_names)
-    lists = frozenset(tid[n] for n, t in graph.tensors.items() if t.dtype == "variant" and n in tid)
+    lists = _lists(graph, names, tid)
     return Program(
         order, names, steps, last, alloc, sum(held), levels, visits, held, tid,
         assignments=assignments, lists=lists,
     )  # fmt: skip
+
+
+def _lists(graph: Graph, names: list[str], tid: dict[str, int]) -> frozenset[int]:
+    """The buffers that are many of TensorFlow's: a loop's lists, and a loop's scratch (its
+    iterations' buffers)."""
+    lists = {tid[n] for n, t in graph.tensors.items() if t.dtype == "variant" and n in tid}
+    scratch = range(len(tid), len(names))  # named `op:scratch`
+    lists.update(i for i in scratch if graph.ops[names[i][: -len(":scratch")]].repeats > 1)
+    return frozenset(lists)
 
 
 def _reordered(graph: Graph, order: Order, like: Program) -> Program:

@@ -105,6 +105,21 @@ def test_allocator_model_counts_whole_chunks() -> None:
     assert r.peak_bytes > r.live_peak_bytes
 
 
+def test_a_loops_scratch_and_lists_are_many_buffers_to_the_allocator_model() -> None:
+    # a loop's scratch (its iterations' buffers) and its lists are TensorFlow's many buffers:
+    # in the model they hold their bytes, where one 1.5 MiB request keeps a whole 2 MiB chunk
+    g = chain(1, 1024)
+    g.ops["op1"].scratch = 3 << 19
+    assert simulate(g).peak_bytes == 2 << 20
+    g.ops["op1"].repeats = 5
+    assert simulate(g).peak_bytes == 2048 + (3 << 19)
+    g = chain(2, 1024)
+    g.tensors["op1:0"] = replace(g.tensors["op1:0"], nbytes=3 << 19)
+    plain = simulate(g).peak_bytes
+    g.tensors["op1:0"].dtype = "variant"
+    assert (plain, simulate(g).peak_bytes) == ((2 << 20) + 1024, 2048 + (3 << 19))
+
+
 @settings(max_examples=150, deadline=None)
 @given(random_graphs())
 def test_levels_respect_every_edge(g: Graph) -> None:
