@@ -81,3 +81,29 @@ def dropout_mlp(tokens: int = 16):  # type: ignore[no-untyped-def]
     out = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return ZooModel(keras.Model(inp, out), loss, keras.optimizers.AdamW(1e-3))
+
+
+def recurrence(steps: int = 200, width: int = 512):  # type: ignore[no-untyped-def]
+    """A recurrence h = tanh(h @ w + x) written as a `tf.while_loop` of `steps` steps in a
+    Keras layer, with SGD: the gradient's lists hold each step's state once, pushed twice."""
+    import keras
+    import tensorflow as tf
+
+    from autotune.zoo import ZooModel
+
+    class Recurrence(keras.layers.Layer):  # type: ignore[misc]
+        def build(self, input_shape):  # type: ignore[no-untyped-def]
+            init = keras.initializers.RandomNormal(stddev=0.05, seed=1)
+            self.w = self.add_weight(shape=(width, width), initializer=init)
+
+        def call(self, x):  # type: ignore[no-untyped-def]
+            def body(i, h):  # type: ignore[no-untyped-def]
+                return i + 1, tf.tanh(tf.matmul(h, self.w) + x)
+
+            return tf.while_loop(lambda i, h: i < steps, body, (0, x))[1]
+
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((width,))
+    out = keras.layers.Dense(10)(Recurrence()(inp))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01))
