@@ -269,7 +269,7 @@ def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]], loops: Loop
     if is_host_copy(t.op.name) or _received_only(t):
         kind = TensorKind.HOST
     if t.dtype.name == "variant" and loops.list_bytes.get(t.name, 0) > 0:
-        return _list(t, loops)
+        return loops.list_tensor(t)
     if t.dtype.name in ("resource", "variant") or t.op.type in _LIST_ELEMENT:
         if kind is not TensorKind.VARIABLE:
             kind, nbytes = TensorKind.HANDLE, 0
@@ -291,22 +291,6 @@ def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]], loops: Loop
     return Tensor(
         t.name, t.dtype.name, dims, int(shape.num_elements()) * t.dtype.size, t.op.name, kind
     )
-
-
-def _list(t: Any, loops: Loops) -> Tensor:
-    """A list holding its elements' buffers (`rewriter.loops`): shaped (elements, *their
-    shape) where they have one static shape and no other list holds them, and then with
-    their dtype (which makes it a swap candidate)."""
-    nbytes = loops.list_bytes[t.name]
-    element = loops.element.get(t.name)
-    if element is None or t.name in loops.shared:
-        return Tensor(t.name, "variant", (), nbytes, t.op.name, TensorKind.TRANSIENT)
-    dtype, shape = element
-    count = (loops.elements.get(t.name, 0),)
-    return Tensor(
-        t.name, "variant", count + shape, nbytes, t.op.name, TensorKind.TRANSIENT,
-        element_dtype=dtype,
-    )  # fmt: skip
 
 
 def _inferred_shape(t: Any) -> Any:

@@ -29,6 +29,7 @@ from rewriter.loopbytes import (
     tensor_bytes,
 )
 from rewriter.loopvalues import Evaluator, Unknown, closure, reads
+from simulator.graph import Tensor, TensorKind
 from simulator.opsemantics import LOOP_TYPES
 
 __all__ = ["Loop", "LoopError", "Loops"]
@@ -121,6 +122,21 @@ class Loops:
             if t.dtype.name == "variant":
                 self.list_bytes[t.name] = self._list_op(op, t)
         return None
+
+    def list_tensor(self, t: Any) -> Tensor:
+        """The IR tensor of list `t`, holding its elements' buffers: shaped (elements, *their
+        shape) where they have one static shape and no other list holds them, and then with
+        their dtype (which makes it a swap candidate)."""
+        nbytes = self.list_bytes[t.name]
+        element = self.element.get(t.name)
+        if element is None or t.name in self.shared:
+            return Tensor(t.name, "variant", (), nbytes, t.op.name, TensorKind.TRANSIENT)
+        dtype, shape = element
+        count = (self.elements.get(t.name, 0),)
+        return Tensor(
+            t.name, "variant", count + shape, nbytes, t.op.name, TensorKind.TRANSIENT,
+            element_dtype=dtype,
+        )  # fmt: skip
 
     def _list_op(self, op: Any, t: Any) -> int:
         """Bytes of the list `t` made by an op outside a loop body."""
