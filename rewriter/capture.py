@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
@@ -160,8 +160,6 @@ def graph_from_func_graph(
 def _with_body_scratch(loop: Loop, root: Any) -> Loop:
     """`loop` with the working set of one iteration of its body: the live peak of the body
     above its loop variables (which the loop op's inputs and outputs count)."""
-    from dataclasses import replace
-
     from simulator.memory import simulate_memory
     from simulator.program import compile_program
 
@@ -326,20 +324,7 @@ _LIST_ELEMENT = frozenset({"TensorListGetItem", "TensorListPopBack"})
 def _op(tf_op: Any, loop: Loop | None = None) -> Op:
     n_in, n_out = len(tf_op.inputs), len(tf_op.outputs)
     swap = is_swap_op(tf_op.name)  # copies between host and device: never aliases
-    if loop is not None:
-        return Op(
-            name=tf_op.name,
-            type=tf_op.type,
-            inputs=[t.name for t in tf_op.inputs],
-            outputs=[t.name for t in tf_op.outputs],
-            control_inputs=[c.name for c in tf_op.control_inputs],
-            device=tf_op.device,
-            forwards=dict(loop.passed),
-            calls=_called_functions(tf_op),
-            scratch=loop.scratch,
-            repeats=loop.trips,
-        )
-    return Op(
+    op = Op(
         name=tf_op.name,
         type=tf_op.type,
         inputs=[t.name for t in tf_op.inputs],
@@ -353,6 +338,9 @@ def _op(tf_op: Any, loop: Loop | None = None) -> Op:
         cpu_scratch=_cpu_scratch(tf_op),
         assigns=assignment(tf_op.type),
     )
+    if loop is None:
+        return op
+    return replace(op, forwards=dict(loop.passed), scratch=loop.scratch, repeats=loop.trips)
 
 
 def _cpu_scratch(tf_op: Any) -> int | None:
