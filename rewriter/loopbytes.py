@@ -4,7 +4,7 @@ ahead of each other hold (`rewriter.loops`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import UserError
@@ -17,6 +17,7 @@ __all__ = [
     "ahead_bytes",
     "delta",
     "element",
+    "owners",
     "passed",
     "sharing",
     "tensor_bytes",
@@ -79,10 +80,13 @@ Change = tuple[int, int]
 @dataclass(frozen=True)
 class Held:
     """What a list holds when a loop starts: whether every slot has an element, and the
-    bytes an element it holds has on average (what popping one frees)."""
+    bytes an element it holds has on average (what popping one frees); which loop variable
+    it is, and which list counts each buffer several lists hold (`owners`)."""
 
     full: bool
     element: int | None
+    index: int = -1
+    owners: dict[str, int] = field(default_factory=dict)
 
 
 def _pop(op: Any, body: Any, held: Held) -> Change:
@@ -92,9 +96,9 @@ def _pop(op: Any, body: Any, held: Held) -> Change:
 
 #: what one list op adds to its input list's bytes and elements
 _LIST_CHANGE: dict[str, Callable[[Any, Any, Held], Change]] = {
-    "TensorListPushBack": lambda op, body, held: (_new_bytes(op.inputs[1], body), 1),
+    "TensorListPushBack": lambda op, body, held: (_new_bytes(op.inputs[1], body, held), 1),
     "TensorListSetItem": lambda op, body, held: (
-        (0, 0) if held.full else (_new_bytes(op.inputs[2], body), 1)
+        (0, 0) if held.full else (_new_bytes(op.inputs[2], body, held), 1)
     ),
     "TensorListPopBack": _pop,
 }
@@ -127,22 +131,32 @@ def passed(body: Any) -> dict[int, int]:
     return out
 
 
-def _new_bytes(t: Any, body: Any) -> int:
+def _new_bytes(t: Any, body: Any, held: Held) -> int:
     """Bytes a list element `t` pushed in `body` adds: none when its buffer outlives the
-    iteration anyway (a variable's, a constant's, a value the loop does not change) or is
-    pushed already (a loop variable whose next value the body pushes too: the state of a
-    recurrence, pushed as the output of one step and as the input of the next)."""
+    iteration anyway (a variable's, a constant's, a value the loop does not change) or
+    another list counts it (`owners`: the state of a recurrence is pushed as the output of
+    one step and as the input of the next)."""
     unchanged = {body.inputs[i].name for i in passed(body)}
     captured = {x.name for x in getattr(body, "internal_captures", ())}
     index = {x.name: i for i, x in enumerate(body.inputs)}
+    owner = held.owners.get(_buffer(t, body, index).name, held.index)
+    if owner != held.index:
+        return 0
     while True:
         if t.name in unchanged or t.name in captured or t.op.type in _SHARED:
-            return 0
-        if t.name in index and _root(body.outputs[index[t.name]]).name in _pushed(body):
             return 0
         if t.op.type not in PASS:
             return tensor_bytes(t)
         t = t.op.inputs[0]
+
+
+def _buffer(item: Any, body: Any, index: dict[str, int]) -> Any:
+    """The tensor whose buffer a list element `item` of `body` is: a loop variable's value is
+    the one the body made for it in the iteration before."""
+    root = _root(item)
+    if root.name in index:
+        root = _root(body.outputs[index[root.name]])
+    return root
 
 
 def _root(t: Any) -> Any:
@@ -152,40 +166,55 @@ def _root(t: Any) -> Any:
     return t
 
 
-def _pushed(body: Any) -> set[str]:
-    """The tensors (through the ops that pass them on) `body` puts into a list."""
-    out = set()
-    for op in body.get_operations():
-        if op.type == "TensorListPushBack":
-            out.add(_root(op.inputs[1]).name)
-        elif op.type == "TensorListSetItem":
-            out.add(_root(op.inputs[2]).name)
+def owners(body: Any, lasting: set[int]) -> dict[str, int]:
+    """For each buffer several lists of `body` hold (by the tensor that made it), the loop
+    variable of the list that counts its bytes: one the step keeps (`lasting`: read by
+    another loop, the gradient's), which outlives the others (a layer's output sequence,
+    stacked right after the loop)."""
+    out = {}
+    for key, held in _holders(body).items():
+        if len(held) > 1:
+            out[key] = min(held & lasting or held)
     return out
 
 
-def sharing(body: Any) -> set[int]:
+def sharing(body: Any, counted: dict[str, int], dying: set[int]) -> set[int]:
     """The lists of `body` (by loop variable) whose elements another list holds too: the
     previous state of a recurrence pushed where the state itself was pushed or set, an
     element read from one list pushed onto another. Copying one of them to the host frees
-    nothing while the other holds the same buffers."""
+    nothing while the other holds the same buffers; but the list that counts them
+    (`counted`, see `owners`) is free to go where the others are `dying` (only stacked)."""
+    index = {x.name: i for i, x in enumerate(body.inputs)}
+    out: set[int] = set()
+    for key, held in _holders(body).items():
+        if len(held) > 1:
+            others = held - {counted.get(key, -1)}
+            out |= held if others - dying else others
+    for i, item in _all_items(body, index):
+        root = _buffer(item, body, index)
+        if root.op.type in _ELEMENT_READS:
+            source = _root(root.op.inputs[0])
+            out |= {i, index[source.name]} if source.name in index else {i}
+    return out
+
+
+def _all_items(body: Any, index: dict[str, int]) -> list[tuple[int, Any]]:
+    """(loop variable, element) of everything `body` pushes or sets into its lists."""
+    return [
+        (i, item)
+        for i, t in enumerate(body.outputs)
+        if t.dtype.name == "variant"
+        for item in _items(t, index)
+    ]
+
+
+def _holders(body: Any) -> dict[str, set[int]]:
+    """The lists (by loop variable) holding each buffer `body` puts into lists."""
     index = {x.name: i for i, x in enumerate(body.inputs)}
     holders: dict[str, set[int]] = {}
-    out: set[int] = set()
-    for i, t in enumerate(body.outputs):
-        if t.dtype.name != "variant":
-            continue
-        for item in _items(t, index):
-            root = _root(item)
-            if root.name in index:  # the value the loop variable had: its last value
-                root = _root(body.outputs[index[root.name]])
-            if root.op.type in _ELEMENT_READS:
-                source = _root(root.op.inputs[0])
-                out |= {i, index[source.name]} if source.name in index else {i}
-            holders.setdefault(root.name, set()).add(i)
-    for held in holders.values():
-        if len(held) > 1:
-            out |= held
-    return out
+    for i, item in _all_items(body, index):
+        holders.setdefault(_buffer(item, body, index).name, set()).add(i)
+    return holders
 
 
 _ELEMENT_READS = ("TensorListGetItem", "TensorListPopBack")

@@ -24,6 +24,7 @@ from rewriter.loopbytes import (
     ahead_bytes,
     delta,
     element,
+    owners,
     passed,
     sharing,
     tensor_bytes,
@@ -184,16 +185,19 @@ class Loops:
             self.finals[op.outputs[i].name] = value
         unchanged = passed(body)
         control = closure(reads(cond, cond.outputs), body)
+        readers = [[c.type for c in t.consumers()] for t in op.outputs]
+        counted = owners(body, {i for i, r in enumerate(readers) if set(r) & LOOP_TYPES})
         lists, deltas = {}, []
         for i, t in enumerate(op.inputs):
             if t.dtype.name == "variant":
-                change = self._per_trip(op, body, i)
+                change = self._per_trip(op, body, i, counted)
                 deltas.append(change[0])
                 lists[i] = max(0, self.list_bytes.get(t.name, 0) + trips * change[0])
                 self.elements[op.outputs[i].name] = max(
                     0, self.elements.get(t.name, 0) + trips * change[1]
                 )
-        for i in sharing(body):
+        dying = {i for i, r in enumerate(readers) if set(r) <= {"TensorListStack"}}
+        for i in sharing(body, counted, dying):
             self.shared |= {op.inputs[i].name, op.outputs[i].name}
         attrs = op.node_def.attr
         parallel = op.get_attr("parallel_iterations") if "parallel_iterations" in attrs else 1
@@ -240,13 +244,13 @@ class Loops:
 
     # -- list growth per iteration ----------------------------------------------------------
 
-    def _per_trip(self, op: Any, body: Any, index: int) -> Change:
+    def _per_trip(self, op: Any, body: Any, index: int, counted: dict[str, int]) -> Change:
         """(bytes, elements) list `index` of loop `op` gains (negative: loses) in one
-        iteration."""
+        iteration (`counted`: which list counts each buffer several hold, `owners`)."""
         t = op.inputs[index]
         count = self.elements.get(t.name, 0)
         element = self.list_bytes.get(t.name, 0) // count if count else None
-        held = Held(t.name in self.full, element)
+        held = Held(t.name in self.full, element, index, counted)
         change = delta(body.outputs[index], body.inputs[index], body, held, {})
         if change is None:
             raise LoopError(

@@ -141,6 +141,17 @@ def test_lists_that_share_their_elements_with_another_are_not_swap_candidates() 
     ]
     # what the forward loops hand their gradients' loops: an element per time step
     assert len(saved) > 5 and all(t.shape[0] == 12 for t in saved)
+    # the first layer's output sequence is stacked right after its loop; its states are
+    # counted (and swapped) in the list the gradient's loop reads, which outlives it
+    stacked = [
+        t
+        for t in graph.tensors.values()
+        if t.dtype == "variant"
+        and graph.ops[t.producer].type in LOOP_TYPES
+        and t.consumers
+        and all(graph.ops[c].type == "TensorListStack" for c in t.consumers)
+    ]
+    assert stacked and all(t.nbytes == 0 for t in stacked)
 
 
 @pytest.mark.parametrize("mode", ["emulated", "device"])
