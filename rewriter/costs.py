@@ -76,10 +76,11 @@ def _with_loops(
     from types import SimpleNamespace
 
     from rewriter.loops import Loops
+    from simulator.opsemantics import LOOP_TYPES
 
     loops = Loops(fg)
     for name, op in graph.ops.items():
-        if op.repeats > 1 and len(op.calls) == 2:
+        if op.type in LOOP_TYPES and len(op.calls) == 2:
             body = loops.function(op.calls[1])
             step = SimpleNamespace(graph=body, outputs=body.outputs)
             costs[name] = costs.get(name, 0.0) + op.repeats * sum(

@@ -77,6 +77,20 @@ def test_a_list_costs_the_allocator_model_its_bytes_not_a_region() -> None:
     assert sim.peak_bytes < 1.05 * sim.live_peak_bytes
 
 
+def test_a_loop_costs_its_trip_count_times_its_body() -> None:
+    from rewriter.costs import step_costs
+    from simulator import get_preset
+
+    preset = get_preset("v100-16gb-nvlink2")
+    seconds = []
+    for steps in (6, 12):
+        _, captured = _lstm(0, steps, units=256, batch=64)  # ops Grappler prices above 0 ns
+        loops = [n for n, op in captured.graph.ops.items() if op.type in LOOP_TYPES]
+        costs = step_costs(captured, preset)
+        seconds.append(sum(costs[n] for n in loops))
+    assert seconds[0] > 0 and seconds[1] == pytest.approx(2 * seconds[0], rel=0.02)
+
+
 def test_a_loop_bound_by_the_data_is_refused_naming_it_within_seconds() -> None:
     step, x = _step(None)
     start = time.perf_counter()
@@ -107,7 +121,7 @@ def test_the_iterations_running_ahead_hold_what_waits_for_the_lagging_chain() ->
     assert _loop(ahead=20, parallel=4, grow=50).scratch == 7
 
 
-def _lstm(seed: int) -> tuple[Any, Any]:
+def _lstm(seed: int, steps: int = 12, units: int = 16, batch: int = 8) -> tuple[Any, Any]:
     """Two stacked Keras LSTMs (not unrolled) after an embedding, with Adam: the model and its
     captured training step."""
     import keras
@@ -115,13 +129,13 @@ def _lstm(seed: int) -> tuple[Any, Any]:
     from autotune.api import capture
 
     keras.utils.set_random_seed(seed)
-    ids = keras.Input((12,), dtype="int32")
+    ids = keras.Input((steps,), dtype="int32")
     x = keras.layers.Embedding(50, 8)(ids)
-    x = keras.layers.LSTM(16, return_sequences=True)(x)
-    model = keras.Model(ids, keras.layers.Dense(2)(keras.layers.LSTM(16)(x)))
+    x = keras.layers.LSTM(units, return_sequences=True)(x)
+    model = keras.Model(ids, keras.layers.Dense(2)(keras.layers.LSTM(units)(x)))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer = keras.optimizers.Adam(1e-3)
-    return (model, optimizer), capture(model, loss=loss, optimizer=optimizer, batch_size=8)
+    return (model, optimizer), capture(model, loss=loss, optimizer=optimizer, batch_size=batch)
 
 
 def test_lists_that_share_their_elements_with_another_are_not_swap_candidates() -> None:
