@@ -175,7 +175,8 @@ class Loops:
         cond = self.function(op.get_attr("cond").name)
         body = self.function(op.get_attr("body").name)
         try:
-            trips, finals = self._trips(op, cond, body)
+            control = closure(reads(cond, cond.outputs), body)
+            trips, finals = self._trips(op, cond, body, control)
         except Unknown as err:
             raise LoopError(
                 f"loop {op.name!r} ({op.type}): its condition depends on op "
@@ -184,7 +185,6 @@ class Loops:
         for i, value in finals.items():
             self.finals[op.outputs[i].name] = value
         unchanged = passed(body)
-        control = closure(reads(cond, cond.outputs), body)
         readers = [[c.type for c in t.consumers()] for t in op.outputs]
         counted = owners(body, {i for i, r in enumerate(readers) if set(r) & LOOP_TYPES})
         lists, deltas = {}, []
@@ -206,9 +206,11 @@ class Loops:
         shrink = -sum(d for d in deltas if d < 0)
         return Loop(trips, lists, unchanged, body, ahead, max(1, parallel), grow, shrink)
 
-    def _trips(self, op: Any, cond: Any, body: Any) -> tuple[int, dict[int, Any]]:
-        """(iterations, final value of each control variable) of loop `op`."""
-        control = closure(reads(cond, cond.outputs), body)
+    def _trips(
+        self, op: Any, cond: Any, body: Any, control: set[int]
+    ) -> tuple[int, dict[int, Any]]:
+        """(iterations, final value of each control variable) of loop `op`, whose condition
+        reads the loop variables `control` (through the body's updates of them)."""
         values = {i: self.value(op.inputs[i]) for i in sorted(control)}
         values.update(self._counters(op, body, control))
         outer = Evaluator(cond, self.finals)
