@@ -309,19 +309,6 @@ def test_plan_naming_missing_things_is_rejected(bad: str) -> None:
         apply_plan(cap, SwapPlan((swap,)))
 
 
-def test_device_mode_names_the_devices_it_needs() -> None:
-    from rewriter.apply import device_pair
-
-    if tf.config.list_physical_devices("GPU"):
-        pytest.skip("a GPU is visible: it is the default compute device")
-    with pytest.raises(ValueError, match="no GPU is visible"):
-        device_pair(None, "/device:CPU:0")
-    with pytest.raises(ValueError, match="CPU:7 is not visible"):
-        device_pair("/device:CPU:0", "/CPU:7")
-    with pytest.raises(ValueError, match="both /device:CPU:0"):
-        device_pair("/cpu:0", "/device:CPU:0")
-
-
 def _separable_cnn(seed: int):  # type: ignore[no-untyped-def]
     """A MobileNetV2-like CNN: inverted residual blocks of pointwise and depthwise convolutions
     with batch norm and ReLU6, trained with Adam."""
