@@ -123,6 +123,7 @@ class Simulation:
             "waits_seconds": self.evaluation.waits_seconds,
             "time_bound_seconds": self.time_bound_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
+            "serial_loops": list(self.plan.serial_loops),
             "params": self.evaluation.params.to_dict(),
             "peak_op": r.peak_op,
             "peak_level": r.peak_level,

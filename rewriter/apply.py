@@ -133,12 +133,13 @@ def validate_plan(captured: Captured, plan: SwapPlan) -> Order:
 
 
 def planned_graph(captured: Captured, plan: SwapPlan, graph: Graph | None = None) -> Graph:
-    """The captured graph (or `graph`) with the plan's order edges (the graph the plan was
-    simulated on)."""
+    """The captured graph (or `graph`) with the plan's order edges and serial loops (the graph
+    the plan was simulated on)."""
     try:
-        return (graph or captured.graph).with_control_edges(plan.order_edges)
+        ordered = (graph or captured.graph).with_control_edges(plan.order_edges)
+        return ordered.with_serial_loops(plan.serial_loops)
     except GraphError as err:
-        raise InvalidPlan(f"plan's order edges do not fit this graph: {err}") from None
+        raise InvalidPlan(f"plan's order edges or loops do not fit this graph: {err}") from None
 
 
 def apply_plan(
@@ -166,7 +167,7 @@ def apply_plan(
         compute_device, host_device = device_pair(compute_device, host_device)
     order = validate_plan(captured, plan)
     cf = captured.concrete_function
-    graph_def = cf.graph.as_graph_def()
+    graph_def = _serial(cf.graph.as_graph_def(), plan.serial_loops)
     names: list[str] = []
     triggers: dict[str, str] = {}
 
@@ -314,6 +315,19 @@ def _pin(
         chain.extend(after.get(name, ()))
     for before, nxt in zip(chain, chain[1:]):
         _wait(nxt, before)
+
+
+def _serial(graph_def: Any, loops: tuple[str, ...]) -> Any:
+    """`graph_def` with the loops named run one iteration at a time: their results are the
+    same (an iteration's ops still run in their data order), only what the executor holds
+    for iterations running ahead goes."""
+    nodes = {node.name: node for node in graph_def.node}
+    for name in loops:
+        node = nodes.get(name)
+        if node is None or "parallel_iterations" not in node.attr:
+            raise InvalidPlan(f"plan runs loop {name!r} serially, which is not a loop here")
+        node.attr["parallel_iterations"].i = 1
+    return graph_def
 
 
 def _wait(op: Any, before: Any) -> None:

@@ -340,7 +340,8 @@ def _op(tf_op: Any, loop: Loop | None = None) -> Op:
     )
     if loop is None:
         return op
-    return replace(op, forwards=dict(loop.passed), scratch=loop.scratch, repeats=loop.trips)
+    scratch, ahead = loop.scratch, loop.scratch - replace(loop, parallel=1).scratch
+    return replace(op, forwards=dict(loop.passed), scratch=scratch, repeats=loop.trips, ahead=ahead)
 
 
 def _cpu_scratch(tf_op: Any) -> int | None:

@@ -91,8 +91,9 @@ class WorkingSets:
         return np.array([graph.tensors[n].nbytes for n in self.tensors], np.int64)
 
     def scratch(self, graph: Graph) -> np.ndarray:
-        """The scratch bytes of each op of `graph`."""
-        return np.array([graph.ops[n].scratch for n in self.ops], np.int64)
+        """The scratch bytes of each op of `graph`, a loop's run one iteration at a time (as
+        a plan with `serialize` runs it: `Op.ahead`)."""
+        return np.array([graph.ops[n].scratch - graph.ops[n].ahead for n in self.ops], np.int64)
 
     def bound(self, sizes: np.ndarray, scratch: np.ndarray, granularity: int = GRANULARITY) -> int:
         """`lower_bound_bytes` for tensors of `sizes` and ops of `scratch` bytes."""

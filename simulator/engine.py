@@ -113,6 +113,8 @@ class Engine:
     recorded: bool = False
     shared: dict[str, Any] = field(default_factory=dict)
     edges: tuple[Edge, ...] = ()
+    #: the loops this engine's graph runs one iteration at a time (`serialized`)
+    serial_loops: tuple[str, ...] = ()
     _serialized: Engine | None = None
     _bare: dict[Any, PlanResult] = field(default_factory=dict, repr=False)
 
@@ -160,14 +162,15 @@ class Engine:
         return {**self.__dict__, "_bare": {}}
 
     def serialized(self) -> Engine:
-        """This step with the order edges that lower its least-memory peak (itself when there
-        are none, or when its order was recorded)."""
-        if self.recorded or self.edges:
+        """This step with the order edges that lower its least-memory peak and its loops run
+        one iteration at a time (itself when there are neither, or when its order was
+        recorded)."""
+        if self.recorded or self.edges or self.serial_loops:
             return self
         if self._serialized is None:
             edges = self._shared_edges()
             if edges is None:
-                edges = order_edges(self)
+                edges = order_edges(self._with_edges(()))
                 self.shared.setdefault("edges", {})[self.lower_bound] = edges
             self._serialized = self._with_edges(edges)
         return self._serialized
@@ -219,9 +222,11 @@ class Engine:
         return min(firsts or [pos[n] for n in self._backward_readers] or [0])
 
     def _with_edges(self, edges: tuple[Edge, ...]) -> Engine:
-        if not edges:
+        """This step with `edges` and its loops run one iteration at a time."""
+        loops = self.graph.parallel_loops
+        if not edges and not loops:
             return self
-        graph = self.graph.with_control_edges(edges)
+        graph = self.graph.with_control_edges(edges).with_serial_loops(loops)
         engine = Engine.build(
             graph,
             device=self.device,
@@ -230,7 +235,7 @@ class Engine:
             lower_bound=self.lower_bound,
             like=self,
         )
-        engine.edges = edges
+        engine.edges, engine.serial_loops = edges, loops
         return engine
 
     def time_bound(
@@ -299,7 +304,7 @@ class Engine:
     ) -> Evaluation:
         """Derive the plan for `params` and simulate it (time model on if costs were given and
         `timed`; without it copies count as instant, as in the original tool's simulator)."""
-        if params.serialize and not self.edges:
+        if params.serialize and not (self.edges or self.serial_loops):
             target = self.serialized()
             if target is not self:
                 return target.evaluate(params, allocator=allocator, timed=timed)
@@ -344,7 +349,7 @@ class Engine:
         plan derivation reads it. Derivation's steps often simulate a plan another step has
         (a prefetch that moved nothing, a guard's round that gave back nothing): the last
         `BARE_MEMO` such simulations are kept."""
-        key = (plan.swaps, plan.recomputes, plan.order_edges, link)
+        key = (plan.swaps, plan.recomputes, plan.order_edges, plan.serial_loops, link)
         got = self._bare.pop(key, None)
         if got is None:
             got = self._simulate(plan, link, True, False)

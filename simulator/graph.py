@@ -87,6 +87,9 @@ class Op:
     assigns: str = ""
     #: how many times the op runs its function (`calls`): a loop's trip count
     repeats: int = 1
+    #: of `scratch`, what a loop holds for the iterations its executor runs ahead
+    #: (`parallel_iterations` > 1): run one iteration at a time, it holds none of it
+    ahead: int = 0
 
 
 class Graph:
@@ -228,6 +231,24 @@ class Graph:
             out.control_consumers.setdefault(before, []).append(after)
             if before in out.edge_order:  # an order a graph pass set lists it last
                 out.edge_order[before] = list(dict.fromkeys([*out.edge_order[before], after]))
+        return out
+
+    @property
+    def parallel_loops(self) -> tuple[str, ...]:
+        """The loops that hold bytes for iterations running ahead (`Op.ahead`)."""
+        return tuple(n for n, op in self.ops.items() if op.ahead)
+
+    def with_serial_loops(self, loops: tuple[str, ...]) -> Graph:
+        """A copy in which the loops named run one iteration at a time: they hold none of
+        their scratch for iterations running ahead (`Op.ahead`)."""
+        if not loops:
+            return self
+        out = self._copy()
+        for name in loops:
+            op = self.ops.get(name)
+            if op is None or not op.calls:
+                raise GraphError(f"op {name!r} is not a loop of this graph")
+            out.ops[name] = replace(op, scratch=op.scratch - op.ahead, ahead=0)
         return out
 
     def merged(self, into: str, other: str) -> Graph:

@@ -179,7 +179,8 @@ PARAMS: tuple[Param, ...] = (
     ),
     Param(
         "serialize",
-        "add order edges that keep the backward pass from holding large tensors at once",
+        "add order edges that keep the backward pass from holding large tensors at once, and "
+        "run loops one iteration at a time",
         draw=_BOOL,
     ),
     Param(
@@ -248,7 +249,8 @@ class PlanParams:
     What each means: `PARAMS`; the mechanisms behind ours: docs/method.md.
 
     `serialize` (ours, not the original tool's) adds the order edges that lower the step's
-    least-memory peak (`simulator.order_edges`); the engine that evaluates the plan finds them.
+    least-memory peak (`simulator.order_edges`), and runs the step's loops one iteration at a
+    time (`Op.ahead`); the engine that evaluates the plan finds them.
     """
 
     n_tensors: int = -1

@@ -84,7 +84,9 @@ class SwapPlan:
 
     `order_edges` are `(before, after)` pairs of ops: `after` waits for `before`. They keep
     the backward pass from holding large tensors at the same time; the simulator orders
-    the graph with them and the rewriter adds them as control edges.
+    the graph with them and the rewriter adds them as control edges. `serial_loops` are
+    loops the rewriter has run one iteration at a time (`parallel_iterations` 1): they then
+    hold nothing for iterations running ahead (`Op.ahead`).
     """
 
     swaps: tuple[Swap, ...] = ()
@@ -92,6 +94,12 @@ class SwapPlan:
     graph_name: str = ""
     order_edges: tuple[tuple[str, str], ...] = ()
     recomputes: tuple[Recompute, ...] = ()
+    serial_loops: tuple[str, ...] = ()
+
+    @property
+    def changes_nothing(self) -> bool:
+        """No swap, no recompute, no order edge, no loop made serial: the step as it is."""
+        return not (self.swaps or self.recomputes or self.order_edges or self.serial_loops)
 
     @property
     def swapped_bytes(self) -> int:
@@ -127,6 +135,7 @@ class SwapPlan:
             "params": dict(self.params),
             "graph": self.graph_name,
             "order_edges": [list(e) for e in self.order_edges],
+            "serial_loops": list(self.serial_loops),
             "swaps": [
                 {
                     "tensor": s.tensor,
@@ -178,4 +187,5 @@ class SwapPlan:
             for r in data.get("recomputes", [])
         )
         params = dict(data.get("params", {}))
-        return cls(swaps, params, data.get("graph", ""), edges, recomputes)
+        serial = tuple(str(n) for n in data.get("serial_loops", []))
+        return cls(swaps, params, data.get("graph", ""), edges, recomputes, serial)

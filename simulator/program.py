@@ -110,7 +110,7 @@ def compile_program(
     the same order: only the sizes are taken anew, where the same tensors and kernel
     scratch buffers have bytes (else the graph is lowered in full)."""
     order = order or categorized_order(graph)
-    if like is not None:
+    if like is not None and _same_scratch(graph, like, granularity):
         return _reordered(graph, order, like)
     if resized is not None:
         sized = _resized(graph, order, resized, granularity)
@@ -178,6 +178,17 @@ def _lists(graph: Graph, names: list[str], tid: dict[str, int]) -> frozenset[int
     scratch = range(len(tid), len(names))  # named `op:scratch`
     lists.update(i for i in scratch if graph.ops[names[i][: -len(":scratch")]].repeats > 1)
     return frozenset(lists)
+
+
+def _same_scratch(graph: Graph, like: Program, granularity: int) -> bool:
+    """Whether `graph`'s kernels hold the scratch they hold in `like` (a loop run serially
+    holds less)."""
+    held = {n[: -len(":scratch")]: like.alloc_bytes[i] for i, n in enumerate(like.names)
+            if i >= len(like.tid)}  # fmt: skip
+    with_scratch = [(n, op.scratch) for n, op in graph.ops.items() if op.scratch]
+    return len(with_scratch) == len(held) and all(
+        held.get(n) == round_up(b, granularity) for n, b in with_scratch
+    )
 
 
 def _reordered(graph: Graph, order: Order, like: Program) -> Program:

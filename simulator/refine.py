@@ -77,7 +77,9 @@ def derived(
 ) -> SwapPlan:
     """The plan of `params` as derived, before prefetching, with the engine's order edges."""
     plan = derive_plan(engine.context, params, keep, late, engine.recompute_price)
-    return replace(plan, order_edges=engine.edges) if engine.edges else plan
+    if not engine.edges and not engine.serial_loops:
+        return plan
+    return replace(plan, order_edges=engine.edges, serial_loops=engine.serial_loops)
 
 
 def late_swaps(engine: Engine, params: PlanParams, link: Link | None) -> frozenset[str] | None:

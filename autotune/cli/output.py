@@ -11,8 +11,18 @@ from autotune.units import format_sized as _sized
 __all__ = ["print_fit", "print_simulation", "print_verification"]
 
 
-def _print_order_edges(edges: tuple[tuple[str, ...], ...], shown: int = 3, saved: str = "") -> None:
-    """The plan's order edges (`--serialize`), what they save if known, the first few by name."""
+def _print_order_edges(
+    edges: tuple[tuple[str, ...], ...], loops: Any = (), shown: int = 3, saved: str = ""
+) -> None:
+    """The plan's order edges and serial loops (`--serialize`), what they save if known, the
+    first few edges by name."""
+    if loops:
+        which = "loop runs" if len(loops) == 1 else "loops run"
+        more = f" and {len(loops) - shown} more" if len(loops) > shown else ""
+        names = ", ".join(loops[:shown]) + more
+        print(f"  serial     {len(loops)} {which} one iteration at a time: {names}")
+        if not edges and saved:
+            print(f"             ({saved})")
     if not edges:
         return
     keep = "edge reorders" if len(edges) == 1 else "edges reorder"
@@ -63,7 +73,7 @@ def print_simulation(
             made = _sized(sim.plan.recomputed_bytes)
             print(f"  recomputed {sim.plan.recomputed_tensors} tensors, {made}{rerun}")
         print(f"peak host    {_sized(r.host_peak_bytes)}")
-    _print_order_edges(sim.plan.order_edges)
+    _print_order_edges(sim.plan.order_edges, sim.plan.serial_loops)
     print(f"lower bound  {_sized(sim.lower_bound_bytes)}  (resident + largest op working set)")
     print(f"live peak    {_sized(r.live_peak_bytes)}  (sum of live tensors)")
     print(f"peak at      level {r.peak_level}, op {r.peak_op}  ({sim.schedule} order)")
@@ -106,7 +116,7 @@ def print_verification(v: Any) -> None:
         print(f"             (checked on {v.gating_place}, from the executed graphs and a profile)")
         for gate in [g for g in v.gating.gates if not g.gated][:3]:
             print(f"             NOT gated: {gate.swap_in}: {gate.reason}")
-    _print_order_edges(v.plan.order_edges)
+    _print_order_edges(v.plan.order_edges, v.plan.serial_loops)
     for label, run, pred, seconds in (
         ("tuned", v.tuned, v.predicted_peak_bytes, v.predicted_step_seconds),
         ("original", v.baseline, v.baseline_predicted_peak_bytes,
@@ -151,7 +161,8 @@ def print_fit(
         )
         print_waits(d["waits_seconds"])
         _print_time_bound(d)
-        _print_order_edges(tuple(map(tuple, d["order_edges"])), saved=edge_saving(d))
+        edges = tuple(map(tuple, d["order_edges"]))
+        _print_order_edges(edges, d["serial_loops"], saved=edge_saving(d))
     _print_host(d)
     if d["replicas"] > 1:
         _print_machine(d)

@@ -43,11 +43,13 @@ def facts(tuned: TuningResult) -> list[str]:
 
 def _edge_facts(d: dict[str, Any]) -> list[str]:
     """How many order edges the plan has and what they save in its simulated peak."""
-    edges = d["order_edges"]
-    if not edges:
+    edges, loops = d["order_edges"], d.get("serial_loops", [])
+    if not edges and not loops:
         return []
-    saved = edge_saving(d)
-    return [f"- order edges: {len(edges)}{'; ' + saved if saved else ''} (listed at the end)"]
+    parts = [f"order edges: {len(edges)}"] * bool(edges)
+    parts += [f"loops run one iteration at a time: {len(loops)}"] * bool(loops)
+    parts += [edge_saving(d)] * bool(edge_saving(d))
+    return [f"- {'; '.join(parts)}{' (listed at the end)' * bool(edges)}"]
 
 
 def edge_saving(d: dict[str, Any]) -> str:

@@ -203,6 +203,7 @@ def every_replica(
         graph_name=plan.graph_name,
         order_edges=tuple(e for p in plans for e in p.order_edges),
         recomputes=tuple(r for p in plans for r in p.recomputes),
+        serial_loops=tuple(n for p in plans for n in p.serial_loops),
     )
 
 
@@ -212,7 +213,7 @@ def training_step(
     """The step to train with under `plan`: the captured step itself when the plan changes
     nothing (no swap, no recompute, no order edge), else the rewritten one (`device`: the
     preset the plan was tuned for, to derive it on a step's other replicas)."""
-    if not plan.swaps and not plan.recomputes and not plan.order_edges:
+    if plan.changes_nothing:
         return captured.concrete_function
     return rewrite_captured(captured, plan, device)
 

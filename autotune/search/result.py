@@ -60,7 +60,8 @@ class TuningResult:
     cube_step: int = 0
     steps: Any = None  # the StepFamily of a largest-batch search (for the batch curve)
     verification: Any = None
-    #: the simulated peak of the tuned parameters without order edges (None when it has none)
+    #: the simulated peak of the tuned parameters without order edges and serial loops (None
+    #: when it has neither)
     unordered_peak_bytes: int | None = None
     #: the graph the plan was derived on (the step's at the tuned batch)
     graph: Graph | None = None
@@ -160,6 +161,7 @@ class TuningResult:
             "recompute_seconds": self.recompute_seconds,
             "waits_seconds": self.evaluation.waits_seconds,
             "order_edges": [list(e) for e in self.plan.order_edges],
+            "serial_loops": list(self.plan.serial_loops),
             "peak_without_order_edges_bytes": self.unordered_peak_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "predicted_host_peak_bytes": self.evaluation.host_peak_bytes,

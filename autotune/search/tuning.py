@@ -120,7 +120,7 @@ def tune_captured(
         outcomes["ours"] = ours
         best = ours.shown or baseline
     unordered = None
-    if best.plan.order_edges:  # what they save: the same parameters without them
+    if best.plan.order_edges or best.plan.serial_loops:  # what they save: parameters without
         unordered = engine.evaluate(replace(best.params, serialize=False)).peak_bytes
     device = engine.device or get_preset(DEFAULT_DEVICE)
     return TuningResult(

@@ -169,7 +169,7 @@ def test_lists_that_share_their_elements_with_another_are_not_swap_candidates() 
 
 
 @pytest.mark.parametrize("mode", ["emulated", "device"])
-def test_a_recurrent_step_with_its_lists_swapped_trains_bitwise_like_the_original(
+def test_a_recurrent_step_with_its_lists_swapped_and_loops_serial_trains_bitwise(
     mode: str,
 ) -> None:
     import numpy as np
@@ -181,7 +181,9 @@ def test_a_recurrent_step_with_its_lists_swapped_trains_bitwise_like_the_origina
 
     (model_a, opt_a), cap_a = _lstm(3)
     (model_b, opt_b), cap_b = _lstm(3)
-    plan = Engine.build(cap_b.graph).evaluate(PlanParams(ub=1, sync_out=True)).plan
+    params = PlanParams(ub=1, sync_out=True, serialize=True)
+    plan = Engine.build(cap_b.graph).evaluate(params).plan
+    assert len(plan.serial_loops) == 2 and all("while_grad" in n for n in plan.serial_loops)
     swapped = {s.tensor for s in plan.swaps}
     assert any(cap_b.graph.tensors[t].dtype == "variant" for t in swapped)
     gates = PlanContext.build(cap_b.graph).gates  # a waiter holds the backward pass back
@@ -198,8 +200,17 @@ def test_a_recurrent_step_with_its_lists_swapped_trains_bitwise_like_the_origina
         from autotune.run.gating import check_gating, executed_partitions
 
         again = apply_plan(cap_b, plan, mode=mode, **devices)
-        report = check_gating(again, executed_partitions(again, *inputs))
+        partitions = executed_partitions(again, *inputs)
+        report = check_gating(again, partitions)
         assert report.gates and report.gated == len(report.gates) and not report.leaks
+        # the gradients' loops, as Grappler lowered them, run one iteration at a time
+        frames = {
+            (n.attr["frame_name"].s.decode(), n.attr["parallel_iterations"].i)
+            for p in partitions
+            for n in p.node
+            if n.op == "Enter"
+        }
+        assert {f for f, k in frames if k == 1} == set(plan.serial_loops)
 
 
 def test_the_forward_loop_is_not_in_the_gradient_flow_its_empty_lists_are_named_in() -> None:

@@ -235,3 +235,29 @@ def test_a_program_lowered_from_one_at_other_sizes_is_the_program_lowered_alone(
     resized = compile_program(g, small.order, resized=small.program)
     assert resized == alone
     assert alone.alloc_bytes != small.program.alloc_bytes
+
+
+def _loop_step(ahead: int) -> Graph:
+    """training_chain whose f2 is a loop holding `ahead` bytes for iterations running ahead,
+    on top of 1 KiB its one iteration needs."""
+    g = training_chain()
+    g.ops["f2"] = replace(
+        g.ops["f2"], calls=("body",), repeats=10, scratch=1024 + ahead, ahead=ahead
+    )
+    return g
+
+
+def test_serialize_runs_loops_one_iteration_at_a_time() -> None:
+    ahead = 1 << 20
+    engine = Engine.build(_loop_step(ahead))
+    plain = engine.evaluate(PlanParams(n_tensors=0))
+    serial = engine.evaluate(PlanParams(n_tensors=0, serialize=True))
+    assert (plain.plan.serial_loops, serial.plan.serial_loops) == ((), ("f2",))
+    assert plain.plan.changes_nothing and not serial.plan.changes_nothing
+    unheld = Engine.build(_loop_step(0)).evaluate(PlanParams(n_tensors=0)).result.memory
+    assert serial.result.memory.live_peak_bytes == unheld.live_peak_bytes
+    assert plain.result.memory.peak_op == "f2"
+    assert plain.result.memory.live_peak_bytes > unheld.live_peak_bytes + ahead - 4096
+    # no plan keeps the iterations running ahead: the bound counts one iteration
+    assert engine.lower_bound == Engine.build(_loop_step(0)).lower_bound
+    assert engine.lower_bound < plain.result.memory.live_peak_bytes - ahead // 2

@@ -1,7 +1,9 @@
+from dataclasses import replace
+
 import pytest
 
 from simulator import Graph, GraphError, Op, Tensor, TensorKind
-from tests.simulator.builders import add, diamond
+from tests.simulator.builders import add, chain, diamond
 
 
 def test_add_op_links_producers_and_consumers() -> None:
@@ -153,3 +155,14 @@ def test_a_subgraph_receives_what_ops_left_out_make() -> None:
     other = g.subgraph({"r1/x", "r1/h", "r1/loss"})
     assert list(other.ops) == ["r1/x", "r1/h", "r1/loss"] and other.outputs == ["r1/loss:0"]
     assert other.persistent_bytes == 400
+
+
+def test_serial_loops_hold_only_one_iteration() -> None:
+    g = chain(2)
+    g.ops["op1"] = replace(g.ops["op1"], calls=("body",), repeats=4, scratch=5000, ahead=3000)
+    assert g.parallel_loops == ("op1",)
+    serial = g.with_serial_loops(g.parallel_loops)
+    assert (serial.ops["op1"].scratch, serial.ops["op1"].ahead) == (2000, 0)
+    assert g.ops["op1"].scratch == 5000 and serial.parallel_loops == ()
+    with pytest.raises(GraphError, match="'op2' is not a loop"):
+        g.with_serial_loops(("op2",))

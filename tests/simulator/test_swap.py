@@ -391,3 +391,9 @@ def test_a_synchronized_swap_of_the_backward_pass_is_not_waited_for() -> None:
     plan = plan_for(g, sync_out=True, n_tensors=-1, threshold=2, backward_swaps=True)
     waiters = {s.tensor: s.waiter for s in plan.swaps}
     assert waiters["gradient_tape/gw:0"] == ""
+
+
+def test_serial_loops_survive_the_plan_round_trip() -> None:
+    plan = replace(plan_for(training_chain()), serial_loops=("f2",))
+    back = SwapPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    assert back == plan and back.serial_loops == ("f2",)
