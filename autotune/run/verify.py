@@ -116,6 +116,7 @@ class Verification:
             "swapped_tensors": len(self.plan.swaps),
             "recomputed_tensors": self.plan.recomputed_tensors,
             "order_edges": len(self.plan.order_edges),
+            "serial_loops": len(self.plan.serial_loops),
             "swap_ops": self.swap_ops,
             "swap_ops_executed": len(self.executed),
             "pinned_order": True,
