@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
+from rewriter.cudnn import CUDNN_RNN, measured_shape
 from rewriter.loops import Loop, LoopError, Loops
 from rewriter.names import is_host_copy, is_swap_op, on_device_name
 from simulator.errors import UserError
@@ -296,6 +297,8 @@ def _inferred_shape(t: Any) -> Any:
     import tensorflow as tf
     from tensorflow.python.framework import tensor_util
 
+    if t.op.type in CUDNN_RNN:
+        return measured_shape(t)
     if t.op.type == "BroadcastGradientArgs":
         dims = [tensor_util.constant_value_as_shape(i) for i in t.op.inputs]
         if all(d.is_fully_defined() for d in dims):
