@@ -344,7 +344,11 @@ def _op(tf_op: Any, loop: Loop | None = None) -> Op:
     if loop is None:
         return op
     scratch, ahead = loop.scratch, loop.scratch - replace(loop, parallel=1).scratch
-    return replace(op, forwards=dict(loop.passed), scratch=scratch, repeats=loop.trips, ahead=ahead)
+    carried = {j: j for j in range(min(n_in, n_out)) if j not in loop.passed}
+    return replace(
+        op, forwards=dict(loop.passed), scratch=scratch, repeats=loop.trips, ahead=ahead,
+        carried=carried,
+    )  # fmt: skip
 
 
 def _cpu_scratch(tf_op: Any) -> int | None:

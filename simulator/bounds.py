@@ -2,8 +2,9 @@
 
 Every op needs its inputs and outputs on the device while it runs (and its kernel's scratch), so
 no plan can go below the resident bytes plus the largest such working set. An element-wise op may
-write its output into an input buffer of the same size (`Op.inplace`): its output then needs no
-bytes of its own. Tuning is judged against this bound.
+write its output into an input buffer of the same size (`Op.inplace`), and a loop's carried
+value the buffer of its value before (`Op.carried`): such an output then needs no bytes of its
+own. Tuning is judged against this bound.
 
 The least step time any plan could reach at a budget (`time_bound_seconds`) is a relaxation.
 Take the step's live peak without a plan, at step p: a plan that fits the budget must take at
@@ -72,10 +73,10 @@ class WorkingSets:
         for k, op in enumerate(graph.ops.values()):
             roots = {root[n] for n in [*op.inputs, *op.outputs]} & on_device
             pairs += [(k, index[r]) for r in sorted(roots)]
-            out = op.outputs[0] if op.inplace and op.outputs else None
-            if out is not None and root[out] == out and out in on_device:
-                ins = {root[op.inputs[i]] for i in op.inplace} & on_device
-                triples += [(k, index[out], index[r]) for r in sorted(ins)]
+            for j, out in enumerate(op.outputs):
+                if root[out] == out and out in on_device:
+                    ins = {root[op.inputs[i]] for i in op.takes_over(j)} & on_device
+                    triples += [(k, index[out], index[r]) for r in sorted(ins)]
         resident = [index[n] for n, t in graph.tensors.items() if t.kind.resident]
         pair, triple = np.array(pairs, np.int64), np.array(triples, np.int64)
         return cls(
@@ -101,8 +102,11 @@ class WorkingSets:
         need = round_up_all(scratch, granularity)
         np.add.at(need, self.need_op, rounded[self.need_buffer])
         fits = rounded[self.reuse_out] == rounded[self.reuse_in]
+        taken = np.zeros(len(rounded), np.int64)  # per output: the buffer it takes over
+        np.maximum.at(taken, self.reuse_out[fits], rounded[self.reuse_out[fits]])
         reused = np.zeros(len(self.ops), np.int64)
-        np.maximum.at(reused, self.reuse_op[fits], rounded[self.reuse_out[fits]])
+        outs, first = np.unique(self.reuse_out, return_index=True)
+        np.add.at(reused, self.reuse_op[first], taken[outs])
         best = int(max(0, (need - reused).max(initial=0)))
         return int(rounded[self.resident].sum()) + best
 

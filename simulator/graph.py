@@ -90,6 +90,15 @@ class Op:
     #: of `scratch`, what a loop holds for the iterations its executor runs ahead
     #: (`parallel_iterations` > 1): run one iteration at a time, it holds none of it
     ahead: int = 0
+    #: output -> input of a loop's carried values: each iteration's value replaces the one
+    #: before, so the output may take over the input's buffer where it dies here
+    carried: dict[int, int] = field(default_factory=dict)
+
+    def takes_over(self, j: int) -> tuple[int, ...]:
+        """The inputs whose buffer output `j` may take over where it dies here and the sizes
+        match: an element-wise kernel's output 0 (`inplace`), a loop's carried values."""
+        own = self.inplace if j == 0 else ()
+        return own + ((self.carried[j],) if j in self.carried else ())
 
 
 class Graph:

@@ -129,7 +129,7 @@ def compile_program(
         outs: list[PlacedOutput] = []
         for j, out in enumerate(op.outputs):
             fwd = ins[op.forwards[j]] if j in op.forwards else -1
-            cands = tuple(ins[i] for i in op.inplace) if j == 0 else ()
+            cands = tuple(ins[i] for i in op.takes_over(j))
             if (fwd >= 0 and unwalked[fwd]) or (fwd < 0 and not alloc[tid[out]]):
                 unwalked[tid[out]] = True  # an alias of a buffer held across the step, or empty
             if unwalked[tid[out]]:

@@ -291,3 +291,21 @@ def test_fewer_collections_raises_the_young_threshold_and_restores_it() -> None:
             assert gc.get_threshold()[0] == 50_000
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_loops_carried_value_takes_over_the_buffer_of_its_value_before() -> None:
+    # x -> zeros -> loop (a sum it carries, and a list it fills) -> y: the sum's final value
+    # replaces its initial one, iteration by iteration; the list has other bytes, and keeps
+    # its own buffer
+    def step(carried: dict[int, int]) -> Graph:
+        g = Graph("loop")
+        x = add(g, "x", [], 1024, type="Placeholder", kind=TensorKind.INPUT)
+        zeros = add(g, "zeros", x, [1 << 20, 0])
+        loop = add(g, "loop", zeros, [1 << 20, 4 << 20])
+        g.ops["loop"] = replace(g.ops["loop"], calls=("body",), repeats=9, carried=carried)
+        g.mark_outputs(add(g, "y", loop, 0))
+        return g
+
+    plain, taken = step({}), step({0: 0, 1: 1})
+    assert run(plain).live_peak_bytes - run(taken).live_peak_bytes == 1 << 20
+    assert lower_bound_bytes(plain) - lower_bound_bytes(taken) == 1 << 20
