@@ -46,6 +46,18 @@ def _print_cpu_kernels(k: dict[str, Any], schedule: str) -> None:
     )
 
 
+def _print_run_ahead(graph: Any, peak_op: str, serial: tuple[str, ...]) -> None:
+    """What the loop the peak is at holds for the iterations its executor runs ahead: the most
+    it holds (the machine's threads decide how far ahead they get), gone with --serialize."""
+    op = graph.ops.get(peak_op)
+    if op is None or not op.ahead or peak_op in serial:
+        return
+    print(
+        f"  run-ahead  up to {_sized(op.ahead)} of it is the loop's iterations running ahead "
+        "(how far they get varies from run to run); --serialize runs them one at a time"
+    )
+
+
 def print_simulation(
     args: argparse.Namespace, sim: Any, preset: Any, op_times: str | None = None
 ) -> None:
@@ -63,6 +75,7 @@ def print_simulation(
     if sim.order_peaks:
         low, high = format_bytes(sim.order_peaks[0]), format_bytes(sim.order_peaks[-1])
         print(f"  orders     median of {len(sim.order_peaks)} executor orders: {low} to {high}")
+    _print_run_ahead(sim.graph, r.peak_op, sim.plan.serial_loops)
     recomputes = sim.plan.recomputes
     if sim.swapped_tensors or sim.evaluation.params.n_tensors != 0 or recomputes:
         print(f"  no swap    {_sized(sim.baseline.peak_bytes)}")

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -188,6 +190,15 @@ def test_a_recurrent_model_simulates_and_a_loop_bound_by_data_is_refused_in_one_
     src.write_text(_LOOPS)
     out = run_cli("simulate", "--model", f"{src}:build", "--batch-size", "8", timeout=120)
     assert out.returncode == 0, out.stderr
+    # its peak is at the gradient's loop, which holds values for the iterations running ahead
+    assert "run-ahead  up to" in out.stdout and "--serialize runs them" in out.stdout
+    serial = run_cli(
+        "simulate", "--model", f"{src}:build", "--batch-size", "8", "--n-tensors", "0",
+        "--serialize", "--json", timeout=120,
+    )  # fmt: skip
+    assert serial.returncode == 0, serial.stderr
+    done = json.loads(serial.stdout.splitlines()[-1])
+    assert len(done["serial_loops"]) == 2 and done["peak_bytes"] < done["baseline_peak_bytes"]
     out = run_cli("simulate", "--model", f"{src}:data_bound", "--batch-size", "8", timeout=120)
     lines = [line for line in out.stderr.splitlines() if line.startswith("autotune")]
     assert out.returncode == 2 and len(lines) == 1, out.stderr
