@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
-from rewriter.cudnn import CUDNN_RNN, measured_shape
 from rewriter.loops import Loop, LoopError, Loops
 from rewriter.names import is_host_copy, is_swap_op, on_device_name
+from rewriter.shapes import inferred_shape
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
 from simulator.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
@@ -275,7 +275,7 @@ def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]], loops: Loop
         return Tensor(t.name, t.dtype.name, (), nbytes or 0, t.op.name, kind)
     shape = t.shape
     if not shape.is_fully_defined():
-        shape = _inferred_shape(t)
+        shape = inferred_shape(t)
     if shape.rank is None or not shape.is_fully_defined():
         raise CaptureError(
             f"tensor {t.name!r} of op {t.op.name!r} ({t.op.type}) has shape {shape}: "
@@ -292,35 +292,6 @@ def _tensor(t: Any, kinds: dict[str, tuple[TensorKind, int | None]], loops: Loop
     )
 
 
-def _inferred_shape(t: Any) -> Any:
-    """The exact shape of a tensor TensorFlow leaves open but whose size we can compute."""
-    import tensorflow as tf
-    from tensorflow.python.framework import tensor_util
-
-    if t.op.type in CUDNN_RNN:
-        return measured_shape(t)
-    if t.op.type == "BroadcastGradientArgs":
-        dims = [tensor_util.constant_value_as_shape(i) for i in t.op.inputs]
-        if all(d.is_fully_defined() for d in dims):
-            reduce = _broadcast_reduction([d.as_list() for d in dims])[t.value_index]
-            return tf.TensorShape([len(reduce)])
-    return t.shape
-
-
-def _broadcast_reduction(shapes: list[list[int]]) -> tuple[list[int], list[int]]:
-    """Reduction indices of BroadcastGradientArgs for two static shapes (TF's BCast rule).
-
-    Equal shapes reduce nothing; otherwise a dimension of size 1 (or missing) in one operand is
-    reduced in that operand's gradient, and in both when both are 1.
-    """
-    if shapes[0] == shapes[1]:
-        return [], []
-    rank = max(len(s) for s in shapes)
-    x, y = ([1] * (rank - len(s)) + s for s in shapes)
-    return [i for i in range(rank) if x[i] == 1], [i for i in range(rank) if y[i] == 1]
-
-
-#: ops whose output is an element a list holds: its buffer is the list's (counted there)
 _LIST_ELEMENT = frozenset({"TensorListGetItem", "TensorListPopBack"})
 
 

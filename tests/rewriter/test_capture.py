@@ -7,7 +7,7 @@ import keras  # noqa: E402
 
 from autotune.api import capture  # noqa: E402
 from autotune.zoo import get_entry  # noqa: E402
-from rewriter.capture import CaptureError, _broadcast_reduction, capture_function  # noqa: E402
+from rewriter.capture import CaptureError, capture_function  # noqa: E402
 from simulator import TensorKind, categorized_order, compile_program  # noqa: E402
 from simulator.opsemantics import fused_together  # noqa: E402
 
@@ -108,23 +108,6 @@ def test_control_flow_captures_and_names_called_functions() -> None:
     calls = [op for op in cap.graph.ops.values() if op.calls]
     assert calls and calls[0].type in ("If", "StatelessIf")
     assert set(calls[0].calls) <= set(cap.graph.functions)
-
-
-@pytest.mark.parametrize(
-    "a,b",
-    [
-        ([2, 1, 3], [2, 4, 3]),
-        ([1, 1, 3], [1, 4, 3]),
-        ([3], [2, 4, 3]),
-        ([2, 4], [2, 4]),
-        ([4, 1], [1, 5]),
-    ],
-)
-def test_broadcast_reduction_matches_tensorflow(a: list[int], b: list[int]) -> None:
-    from tensorflow.python.ops import gen_array_ops
-
-    rx, ry = gen_array_ops.broadcast_gradient_args(a, b)
-    assert _broadcast_reduction([a, b]) == (rx.numpy().tolist(), ry.numpy().tolist())
 
 
 def test_transformer_gradient_shapes_are_all_resolved() -> None:
