@@ -210,7 +210,9 @@ def test_a_recurrent_step_with_its_lists_swapped_and_loops_serial_trains_bitwise
             for n in p.node
             if n.op == "Enter"
         }
-        assert {f for f, k in frames if k == 1} == set(plan.serial_loops)
+        serial = {f for f, k in frames if k == 1}  # (the profile may see earlier steps' too)
+        assert set(plan.serial_loops) <= serial and all("while_grad" in f for f in serial)
+        assert {f for f, k in frames if k == 32} - serial  # the forward loops run as before
 
 
 def test_the_forward_loop_is_not_in_the_gradient_flow_its_empty_lists_are_named_in() -> None:
