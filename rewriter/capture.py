@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rewriter import branches
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
 from rewriter.loops import Loop, LoopError, Loops
 from rewriter.names import is_host_copy, is_swap_op, on_device_name
@@ -147,10 +148,12 @@ def graph_from_func_graph(
             loop = loops.visit(tf_op)
             if loop is not None:
                 loop = _with_body_scratch(loop, root if root is not None else fg)
-        except LoopError as err:
+            branch = _branch_scratch(tf_op, loops, root if root is not None else fg)
+        except (LoopError, branches.BranchError) as err:
             raise CaptureError(str(err)) from None
         tensors = [_tensor(t, kinds, loops) for t in tf_op.outputs]
-        graph.add_op(_op(tf_op, loop), tensors)
+        op = _op(tf_op, loop)
+        graph.add_op(op if branch is None else replace(op, scratch=branch), tensors)
     for name in loops.shared & graph.tensors.keys():  # made before the loop that shares it
         graph.tensors[name].element_dtype = ""
     graph.mark_outputs([t.name for t in fg.outputs if t.name in graph.tensors])
@@ -161,16 +164,43 @@ def graph_from_func_graph(
 def _with_body_scratch(loop: Loop, root: Any) -> Loop:
     """`loop` with the working set of one iteration of its body: the live peak of the body
     above its loop variables (which the loop op's inputs and outputs count)."""
+    inner = _function_ir(loop.body, root)
+    return replace(loop, body_scratch=_working_set(inner))
+
+
+def _branch_scratch(tf_op: Any, loops: Loops, root: Any) -> int | None:
+    """For a branch op, the largest working set of its branches, above what they read and
+    return (the op's inputs and outputs count those); the bytes its optionals keep for the
+    gradient go to `loops.list_bytes` (`rewriter.branches`). None for any other op."""
+    if tf_op.type not in branches.BRANCH_TYPES:
+        return None
+    bodies = [loops.function(name) for name in branches.branch_functions(tf_op)]
+    for i, nbytes in branches.kept_bytes(tf_op, bodies).items():
+        loops.list_bytes[tf_op.outputs[i].name] = nbytes
+
+    def size(body: Any) -> int:  # what it returns (its values kept for the gradient too) counts
+        inner = _function_ir(body, root)
+        returned = sum(inner.tensors[t].nbytes for t in inner.outputs)
+        return _working_set(inner, returned + branches.wrapped_bytes(tf_op, body))
+
+    return branches.largest_working_set(tf_op, bodies, size)
+
+
+def _function_ir(fg: Any, root: Any) -> Graph:
+    """The IR of a function of the step (a loop body, a branch), its arguments inputs."""
+    kinds: dict[str, tuple[TensorKind, int | None]] = {
+        t.name: (TensorKind.INPUT, None) for t in fg.inputs
+    }
+    return graph_from_func_graph(fg, kinds, root)
+
+
+def _working_set(inner: Graph, returned: int = 0) -> int:
+    """The live peak of function IR `inner` above its arguments and `returned` bytes."""
     from simulator.memory import simulate_memory
     from simulator.program import compile_program
 
-    body = loop.body
-    kinds: dict[str, tuple[TensorKind, int | None]] = {
-        t.name: (TensorKind.INPUT, None) for t in body.inputs
-    }
-    inner = graph_from_func_graph(body, kinds, root)
     sim = simulate_memory(compile_program(inner))
-    return replace(loop, body_scratch=max(0, sim.live_peak_bytes - sim.persistent_bytes))
+    return max(0, sim.live_peak_bytes - sim.persistent_bytes - returned)
 
 
 def _live(fg: Any) -> set[str]:
@@ -305,7 +335,7 @@ def _op(tf_op: Any, loop: Loop | None = None) -> Op:
         outputs=[t.name for t in tf_op.outputs],
         control_inputs=[c.name for c in tf_op.control_inputs],
         device=tf_op.device,
-        forwards={} if swap else forwards(tf_op.type, n_in, n_out),
+        forwards={} if swap else forwards(tf_op.type, n_in, n_out) or branches.unwrapped(tf_op),
         inplace=() if swap else inplace_inputs(tf_op.type, n_in),
         calls=_called_functions(tf_op),
         scratch=scratch_bytes(tf_op.type, _sizes(tf_op.inputs), _sizes(tf_op.outputs)),

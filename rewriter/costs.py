@@ -63,40 +63,46 @@ def step_costs(captured: Any, preset: DevicePreset, graph: Any = None) -> dict[s
         estimate = lambda: grappler_costs(captured.concrete_function, preset)[0]  # noqa: E731
     costs = preset.calibration.costs(graph or captured.graph, estimate)
     if costs.by_type or costs.estimated or costs.unpriced or costs.switched:
-        _note(f"op times: {costs.note}")
-    _note(_version_note(preset.calibration.tensorflow))
+        note(f"op times: {costs.note}")
+    note(_versionnote(preset.calibration.tensorflow))
     return dict(costs.seconds)
 
 
 def _with_loops(
     costs: dict[str, float], fg: Any, graph: Any, preset: DevicePreset
 ) -> dict[str, float]:
-    """`costs` with each loop of `graph` priced as its trip count times its body's ops
-    (Grappler prices the loop op itself as one cheap op)."""
+    """`costs` with each loop of `graph` priced as its trip count times its body's ops, and
+    each branch op as its costliest branch (Grappler prices either op itself as one cheap op;
+    which branch runs depends on the data)."""
     from types import SimpleNamespace
 
+    from rewriter.branches import BRANCH_TYPES
     from rewriter.loops import Loops
     from simulator.opsemantics import LOOP_TYPES
 
     loops = Loops(fg)
+
+    def priced(function: str) -> float:
+        body = loops.function(function)
+        step = SimpleNamespace(graph=body, outputs=body.outputs)
+        return sum(grappler_costs(step, preset)[0].values())
+
     for name, op in graph.ops.items():
         if op.type in LOOP_TYPES and len(op.calls) == 2:
-            body = loops.function(op.calls[1])
-            step = SimpleNamespace(graph=body, outputs=body.outputs)
-            costs[name] = costs.get(name, 0.0) + op.repeats * sum(
-                grappler_costs(step, preset)[0].values()
-            )
+            costs[name] = costs.get(name, 0.0) + op.repeats * priced(op.calls[1])
+        elif op.type in BRANCH_TYPES and op.calls:
+            costs[name] = costs.get(name, 0.0) + max(priced(f) for f in op.calls)
     return costs
 
 
-def _note(text: str) -> None:
+def note(text: str) -> None:
     """Say `text` on stderr once a process (nothing when empty)."""
     if text and text not in _NOTED:
         _NOTED.add(text)
         _LOG.warning("autotune: note: %s", text)
 
 
-def _version_note(calibrated: str) -> str:
+def _versionnote(calibrated: str) -> str:
     """What to say when the profile was taken with another TensorFlow: its kernels, and so
     its op times, may differ."""
     import tensorflow as tf

@@ -150,6 +150,8 @@ def forwards(op_type: str, n_inputs: int, n_outputs: int) -> dict[int, int]:
         return {0: 0}
     if op_type == "IdentityN":
         return {i: i for i in range(min(n_inputs, n_outputs))}
+    if op_type == "OptionalFromValue" and n_inputs == 1:  # an optional holding one value
+        return {0: 0}
     return {}
 
 

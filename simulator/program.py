@@ -172,11 +172,11 @@ def _program(
 
 
 def _lists(graph: Graph, names: list[str], tid: dict[str, int]) -> frozenset[int]:
-    """The buffers that are many of TensorFlow's: a loop's lists, and a loop's scratch (its
-    iterations' buffers)."""
+    """The buffers that are many of TensorFlow's: a loop's lists, and the scratch of an op
+    that runs a function (a loop's iterations' buffers, a branch's)."""
     lists = {tid[n] for n, t in graph.tensors.items() if t.dtype == "variant" and n in tid}
     scratch = range(len(tid), len(names))  # named `op:scratch`
-    lists.update(i for i in scratch if graph.ops[names[i][: -len(":scratch")]].repeats > 1)
+    lists.update(i for i in scratch if graph.ops[names[i][: -len(":scratch")]].calls)
     return frozenset(lists)
 
 

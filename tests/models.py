@@ -107,3 +107,27 @@ def recurrence(steps: int = 200, width: int = 512):  # type: ignore[no-untyped-d
     out = keras.layers.Dense(10)(Recurrence()(inp))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01))
+
+
+def branch(copies: int = 8, width: int = 512):  # type: ignore[no-untyped-def]
+    """A `tf.cond` in a Keras layer whose branch taken (always, by the data) makes a large
+    temporary (its input tiled `copies` times) and keeps its tanh for the gradient; the other
+    branch passes its input on. SGD."""
+    import keras
+    import tensorflow as tf
+
+    from autotune.zoo import ZooModel
+
+    class Branch(keras.layers.Layer):  # type: ignore[misc]
+        def call(self, h):  # type: ignore[no-untyped-def]
+            def wide():  # type: ignore[no-untyped-def]
+                t = tf.tanh(tf.tile(h[None], [copies, 1, 1]))
+                return tf.reduce_mean(t, axis=0)
+
+            return tf.cond(tf.reduce_sum(h) > -1e30, wide, lambda: h)
+
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((width,))
+    out = keras.layers.Dense(10)(Branch()(keras.layers.Dense(width)(inp)))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return ZooModel(keras.Model(inp, out), loss, keras.optimizers.SGD(0.01))

@@ -105,13 +105,14 @@ def test_allocator_model_counts_whole_chunks() -> None:
     assert r.peak_bytes > r.live_peak_bytes
 
 
-def test_a_loops_scratch_and_lists_are_many_buffers_to_the_allocator_model() -> None:
-    # a loop's scratch (its iterations' buffers) and its lists are TensorFlow's many buffers:
-    # in the model they hold their bytes, where one 1.5 MiB request keeps a whole 2 MiB chunk
+def test_a_functions_scratch_and_lists_are_many_buffers_to_the_allocator_model() -> None:
+    # a loop's or a branch's scratch (its functions' buffers) and a loop's lists are
+    # TensorFlow's many buffers: in the model they hold their bytes, where one 1.5 MiB
+    # request keeps a whole 2 MiB chunk
     g = chain(1, 1024)
     g.ops["op1"].scratch = 3 << 19
     assert simulate(g).peak_bytes == 2 << 20
-    g.ops["op1"].repeats = 5
+    g.ops["op1"].calls = ("body",)  # a loop's, or a branch's
     assert simulate(g).peak_bytes == 2048 + (3 << 19)
     g = chain(2, 1024)
     g.tensors["op1:0"] = replace(g.tensors["op1:0"], nbytes=3 << 19)
