@@ -30,6 +30,22 @@ def test_a_branch_keeps_its_values_for_the_gradient_and_holds_its_working_set() 
     assert backward.scratch >= tiled
 
 
+def test_a_branch_costs_its_costliest_branch() -> None:
+    from autotune.api import capture
+    from rewriter.costs import step_costs
+    from simulator import get_preset
+    from tests.models import branch
+
+    preset, seconds = get_preset("v100-16gb-nvlink2"), []
+    for copies in (8, 16):  # the branch taken tiles and takes the tanh of twice as much
+        m = branch(copies=copies)
+        captured = capture(m.model, loss=m.loss, optimizer=m.optimizer, batch_size=BATCH)
+        ifs = [n for n, op in captured.graph.ops.items() if op.type.endswith("If")]
+        costs = step_costs(captured, preset)
+        seconds.append(sum(costs[n] for n in ifs))
+    assert seconds[0] > 0 and seconds[1] == pytest.approx(2 * seconds[0], rel=0.1)
+
+
 def test_a_step_with_a_branch_is_predicted_within_10_percent_of_its_measured_peak() -> None:
     # before branches were sized: 4.07 MiB predicted against 20.06 MiB measured
     common = ("--model", MODEL, "--batch-size", str(BATCH))
