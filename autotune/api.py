@@ -125,9 +125,7 @@ class Simulation:
             "order_edges": [list(e) for e in self.plan.order_edges],
             "serial_loops": list(self.plan.serial_loops),
             "params": self.evaluation.params.to_dict(),
-            "peak_op": r.peak_op,
-            "peak_level": r.peak_level,
-            "peak_step": r.peak_step,
+            **{k: getattr(r, k) for k in ("peak_op", "peak_level", "peak_step")},
             "largest_at_peak": [
                 {"tensor": t, "bytes": b} for t, b in r.largest_at_peak(PEAK_TENSORS)
             ],

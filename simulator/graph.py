@@ -87,16 +87,16 @@ class Op:
     assigns: str = ""
     #: how many times the op runs its function (`calls`): a loop's trip count
     repeats: int = 1
-    #: of `scratch`, what a loop holds for the iterations its executor runs ahead
-    #: (`parallel_iterations` > 1): run one iteration at a time, it holds none of it
+    #: of `scratch`, what a loop holds for the iterations its executor runs ahead (none when
+    #: it runs one iteration at a time)
     ahead: int = 0
     #: output -> input of a loop's carried values: each iteration's value replaces the one
     #: before, so the output may take over the input's buffer where it dies here
     carried: dict[int, int] = field(default_factory=dict)
 
     def takes_over(self, j: int) -> tuple[int, ...]:
-        """The inputs whose buffer output `j` may take over where it dies here and the sizes
-        match: an element-wise kernel's output 0 (`inplace`), a loop's carried values."""
+        """The inputs whose buffer output `j` may take over where it dies here (same size):
+        an element-wise kernel's output 0 (`inplace`), a loop's carried values."""
         own = self.inplace if j == 0 else ()
         return own + ((self.carried[j],) if j in self.carried else ())
 
@@ -243,15 +243,12 @@ class Graph:
         return out
 
     @property
-    def parallel_loops(self) -> tuple[str, ...]:
-        """The loops that hold bytes for iterations running ahead (`Op.ahead`)."""
+    def parallel_loops(self) -> tuple[str, ...]:  # loops holding bytes for iterations ahead
         return tuple(n for n, op in self.ops.items() if op.ahead)
 
     def with_serial_loops(self, loops: tuple[str, ...]) -> Graph:
         """A copy in which the loops named run one iteration at a time: they hold none of
         their scratch for iterations running ahead (`Op.ahead`)."""
-        if not loops:
-            return self
         out = self._copy()
         for name in loops:
             op = self.ops.get(name)
