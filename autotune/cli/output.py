@@ -47,14 +47,15 @@ def _print_cpu_kernels(k: dict[str, Any], schedule: str) -> None:
 
 
 def _print_run_ahead(graph: Any, peak_op: str, serial: tuple[str, ...]) -> None:
-    """What the loop the peak is at holds for the iterations its executor runs ahead: the most
-    it holds (the machine's threads decide how far ahead they get), gone with --serialize."""
+    """What the loop the peak is at holds for the iterations its executor runs ahead (how far
+    they get depends on the machine's threads, so the measured peak varies around it), gone
+    with --serialize."""
     op = graph.ops.get(peak_op)
     if op is None or not op.ahead or peak_op in serial:
         return
     print(
-        f"  run-ahead  up to {_sized(op.ahead)} of it is the loop's iterations running ahead "
-        "(how far they get varies from run to run); --serialize runs them one at a time"
+        f"  run-ahead  {_sized(op.ahead)} of it is held for the loop's iterations running "
+        "ahead, which varies from run to run; --serialize runs them one at a time"
     )
 
 
