@@ -48,8 +48,6 @@ class BatchFamily:
     b: int
     slopes: dict[str, _Slope]
     scratch: dict[str, int]
-    #: per op, what its `ahead` bytes (part of its scratch) grow by per sample
-    ahead: dict[str, int]
 
     @classmethod
     def fit(cls, graph_a: Graph, a: int, graph_b: Graph, b: int) -> BatchFamily:
@@ -58,6 +56,12 @@ class BatchFamily:
             raise ScalingError(f"need two different batch sizes of at least 2, got {a} and {b}")
         graph_b = _renamed(graph_b, _uid_names(graph_a, graph_b))
         _same_structure(graph_a, graph_b)
+        for name, op in graph_a.ops.items():
+            if op.ahead or graph_b.ops[name].ahead:
+                raise ScalingError(
+                    f"loop {name!r} holds values for the iterations it runs ahead, the most "
+                    "over its iterations, which is not affine in the batch size"
+                )
         steps = b - a
         slopes = {
             name: _slope(t, graph_b.tensors[name], steps) for name, t in graph_a.tensors.items()
@@ -67,12 +71,7 @@ class BatchFamily:
             for name, op in graph_a.ops.items()
             if op.scratch or graph_b.ops[name].scratch
         }
-        ahead = {
-            name: _per_sample(op.ahead, graph_b.ops[name].ahead, steps, f"run-ahead of {name}")
-            for name, op in graph_a.ops.items()
-            if op.ahead or graph_b.ops[name].ahead
-        }
-        return cls(graph_a, a, b, slopes, scratch, ahead)
+        return cls(graph_a, a, b, slopes, scratch)
 
     def at(self, batch: int) -> Graph:
         """The graph at `batch`: the base graph with every size moved along its slope."""
@@ -90,12 +89,10 @@ class BatchFamily:
         # scratch does not change is shared (no stage changes a graph's ops). A CPU kernel's
         # own scratch (`cpu_scratch`, measured at the captured batch) is not carried over.
         for op in base.ops.values():
-            per_sample, ahead = self.scratch.get(op.name, 0), self.ahead.get(op.name, 0)
-            same = not (k and (per_sample or ahead)) and op.cpu_scratch is None
-            scratch, held = op.scratch + k * per_sample, op.ahead + k * ahead
-            graph.ops[op.name] = (
-                op if same else replace(op, scratch=scratch, cpu_scratch=None, ahead=held)
-            )
+            per_sample = self.scratch.get(op.name, 0)
+            same = not (k and per_sample) and op.cpu_scratch is None
+            scratch = op.scratch + k * per_sample
+            graph.ops[op.name] = op if same else replace(op, scratch=scratch, cpu_scratch=None)
         for name, t in base.tensors.items():
             graph.tensors[name] = self._tensor(t, k)
         graph.control_consumers = {n: list(c) for n, c in base.control_consumers.items()}
@@ -115,9 +112,7 @@ class BatchFamily:
 
         sets = WorkingSets.of(self.base)
         slopes = np.array([self.slopes[n].nbytes for n in sets.tensors], np.int64)
-        per_sample = np.array(
-            [self.scratch.get(n, 0) - self.ahead.get(n, 0) for n in sets.ops], np.int64
-        )
+        per_sample = np.array([self.scratch.get(n, 0) for n in sets.ops], np.int64)
         return sets, (sets.sizes(self.base), slopes), (sets.scratch(self.base), per_sample)
 
     def _tensor(self, t: Tensor, k: int) -> Tensor:

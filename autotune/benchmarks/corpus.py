@@ -151,7 +151,6 @@ def _steps(m: Member, preset: Any) -> Any:
     from autotune.search.batching import CapturedSteps, StepFamily
     from autotune.search.cubes import cube_capturer
     from autotune.zoo import get_entry
-    from simulator.scaling import ScalingError
 
     entry = get_entry(m.name)
     if m.cube_step:
@@ -161,10 +160,7 @@ def _steps(m: Member, preset: Any) -> Any:
     def at(b: int) -> Any:
         return capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=b)
 
-    try:
-        return StepFamily.capture(at, preset, m.capture_batches)
-    except ScalingError:  # ops named otherwise at another batch: captured at each one
-        return CapturedSteps(at, preset)
+    return StepFamily.or_captures(at, preset, m.capture_batches)
 
 
 def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from rewriter.capture import Captured
 from simulator import DevicePreset
 from simulator.engine import Engine
-from simulator.scaling import BatchFamily, affine_costs
+from simulator.scaling import BatchFamily, ScalingError, affine_costs
 
 __all__ = ["CAPTURE_BATCHES", "CapturedSteps", "StepFamily", "Steps"]
 
@@ -54,6 +54,29 @@ class StepFamily:
         pair = (costs[0], costs[1]) if costs else None
         return cls(family, pair, device, seconds)
 
+    @classmethod
+    def or_captures(
+        cls,
+        capture_at: Callable[[int], Captured],
+        device: DevicePreset | None,
+        batches: tuple[int, int] = CAPTURE_BATCHES,
+        on_stage: Callable[[str], None] | None = None,
+    ) -> Steps:
+        """`capture`, or, where the two captures are not one affine family (a loop's
+        iterations running ahead, ops named otherwise at another batch), a capture at every
+        batch asked for (`CapturedSteps`)."""
+        made: dict[int, Captured] = {}
+
+        def kept(b: int) -> Captured:
+            made[b] = made.get(b) or capture_at(b)
+            return made[b]
+
+        try:
+            return cls.capture(kept, device, batches, on_stage)
+        except ScalingError:
+            seconds = sum(c.trace_seconds for c in made.values())
+            return CapturedSteps(capture_at, device, seconds, made)
+
     def engine(self, batch: int) -> Engine:
         """The engine at `batch` (cached)."""
         if batch not in self._engines:
@@ -87,6 +110,9 @@ class Steps(Protocol):
     def engine(self, n: int) -> Engine: ...
 
     def lower_bound(self, n: int) -> int: ...
+
+    @property
+    def trace_seconds(self) -> float: ...
 
 
 @dataclass

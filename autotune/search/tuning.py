@@ -345,7 +345,7 @@ def _fit_max_batch(
     given = opts.pop("batch_size", None)
     pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES
     bars.expect(2 * len(pair))  # a trace and costs at each batch
-    steps = StepFamily.capture(capture_at, preset, pair, on_stage=bars.stage)
+    steps = StepFamily.or_captures(capture_at, preset, pair, on_stage=bars.stage)
     batches = largest_batches(
         steps, budget, trials=trials, seed=seed, on_probe=bars.probe, tuned_later=("ours",),
         recompute=recompute, on_expect=bars.expect,

@@ -63,6 +63,23 @@ def test_a_family_runs_grapplers_pass_on_its_first_capture_only(
     assert pickle.loads(pickle.dumps(graph)).rewritten == graph.rewritten and len(calls) == 1
 
 
+def test_a_step_whose_loops_run_ahead_is_captured_at_each_batch() -> None:
+    """Its loops' run-ahead is the most over their iterations (not affine in the batch: a
+    line through two captures gave a Keras LSTM's gradient loop -1.8 GiB at batch 4934)."""
+    from autotune.search.batching import CapturedSteps
+
+    at, made = capturer("lstm-classifier-loop"), []
+
+    def counted(b: int) -> Any:
+        made.append(b)
+        return at(b)
+
+    steps = StepFamily.or_captures(counted, None, (2, 3))
+    assert isinstance(steps, CapturedSteps) and made == [2, 3]
+    assert steps.engine(3).graph.parallel_loops and made == [2, 3]  # the captures made, kept
+    assert steps.lower_bound(5) > steps.lower_bound(3) and made == [2, 3, 5]
+
+
 @pytest.fixture(scope="module")
 def steps() -> StepFamily:
     return StepFamily.capture(capturer("tiny-cnn"), get_preset("v100-16gb-nvlink2"), (4, 8))
