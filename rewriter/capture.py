@@ -187,7 +187,7 @@ def _branch_scratch(tf_op: Any, loops: Loops, root: Any) -> int | None:
 
 
 def _function_ir(fg: Any, root: Any) -> Graph:
-    """The IR of a function of the step (a loop body, a branch), its arguments inputs."""
+    """The IR of a function of the step (a loop body, a branch), with its arguments as inputs."""
     kinds: dict[str, tuple[TensorKind, int | None]] = {
         t.name: (TensorKind.INPUT, None) for t in fg.inputs
     }

@@ -85,7 +85,9 @@ class Loops:
     def __init__(self, graph: Any, root: Any = None) -> None:
         self.graph = graph
         self.root = root if root is not None else graph
-        self.list_bytes: dict[str, int] = {}  # variant tensor -> bytes of the elements it holds
+        #: variant tensor -> bytes of the elements it holds (a list's; a branch's optional's,
+        #: `capture._branch_scratch`)
+        self.list_bytes: dict[str, int] = {}
         self.full: set[str] = set()  # lists whose every slot holds an element
         self.elements: dict[str, int] = {}  # list -> elements it holds
         #: list -> (dtype, shape) of its elements, where all have one static shape
