@@ -65,6 +65,7 @@ class BFCModel:
         self.regions: list[tuple[int, int]] = []  # (base, size)
         self.in_use_units = 0
         self.peak_units = 0
+        self.base_units = 0  # in use when the peak was last reset
         self._next_base = 0
 
     @property
@@ -86,7 +87,13 @@ class BFCModel:
 
     def reset_peak(self) -> None:
         """Start a new peak from the bytes in use now (like reset_memory_stats)."""
-        self.peak_units = self.in_use_units
+        self.peak_units = self.base_units = self.in_use_units
+
+    @property
+    def peak_above_base(self) -> int:
+        """The peak's bytes above those in use when it was last reset: what a step allocated
+        at most, as a measurement that reads the allocator around the step takes it."""
+        return (self.peak_units - self.base_units) * _UNIT
 
     def allocate(self, nbytes: int) -> int:
         """Place `nbytes` and return the chunk's address."""

@@ -23,7 +23,6 @@ from simulator import (
     BFCModel,
     DevicePreset,
     Graph,
-    SimResult,
     SwapPlan,
     compile_program,
     simulate_plan,
@@ -256,10 +255,9 @@ def verify_captured(
     own = resident_bytes(captured.graph)
     tuned_run = _run(tuned, inputs, device, steps, own)
     base_run = _run(captured.concrete_function, inputs, device, steps, own)
-    on_cpu = device == "CPU:0"  # the CPU's BFC grows regions (a GPU's holds one); its kernels
+    on_cpu = device == "CPU:0"  # the CPU's kernels
     predicted, base = (
-        _predict(planned_graph(captured, p), p, BFCModel(allow_growth=on_cpu), on_cpu)
-        for p in (tuned.plan, SwapPlan())
+        _predict(planned_graph(captured, p), p, on_cpu) for p in (tuned.plan, SwapPlan())
     )
     model, times = _predicted_seconds(captured, (tuned.plan, SwapPlan()), preset, device)
     return Verification(
@@ -267,8 +265,8 @@ def verify_captured(
         tuned.plan,
         tuned_run,
         base_run,
-        predicted.peak_bytes,
-        base.peak_bytes,
+        predicted,
+        base,
         len(tuned.swap_ops),
         executed,
         steps,
@@ -321,9 +319,16 @@ def resident_bytes(graph: Graph) -> int:
     return sum(round_up(n, GRANULARITY) for n in resident)
 
 
-def _predict(graph: Graph, plan: SwapPlan, allocator: BFCModel, on_cpu: bool) -> SimResult:
+def _predict(graph: Graph, plan: SwapPlan, on_cpu: bool) -> int:
+    """The predicted peak of the step as `_run` measures it: what the allocator model's
+    measured step allocated above what was in use before it, plus the step's own resident
+    bytes (each rounded, not the chunks the model placed them in: on the CPU's growing
+    regions a variable's chunk may hold more than the variable, and the measurement does
+    not count that either)."""
     graph = graph.on_cpu() if on_cpu else graph
-    return simulate_plan(compile_program(graph), graph, plan, allocator=allocator).memory
+    allocator = BFCModel(allow_growth=on_cpu)  # the CPU's BFC grows regions, a GPU's holds one
+    simulate_plan(compile_program(graph), graph, plan, allocator=allocator)
+    return allocator.peak_above_base + resident_bytes(graph)
 
 
 def _first_call(tuned: TunedStep, inputs: list[Any]) -> tuple[dict[str, str], GatingReport | None]:

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -190,3 +191,20 @@ def test_a_tensor_held_beside_the_step_does_not_count_in_its_measured_peak() -> 
     # the process holds 8 MiB more; the step's measured peak moves by less than half of that
     # (the allocator's history moves it by up to 2 MB between two runs in one process)
     assert abs(beside - alone) < 4 << 20, (alone, beside)
+
+
+def test_the_prediction_counts_the_steps_variables_as_the_measurement_does() -> None:
+    """A 5 MiB variable placed in a fresh 8 MiB region of the CPU's growing allocator holds
+    the whole region (BFC splits a chunk only at twice the request); the measurement counts
+    the variable's own bytes, and so must the prediction compared with it."""
+    from autotune.run.verify import _predict, resident_bytes
+    from simulator import BFCModel, SwapPlan, compile_program, simulate_plan
+    from tests.simulator.builders import chain
+
+    g = chain(2, 1 << 20)
+    g.tensors["x:0"] = replace(g.tensors["x:0"], nbytes=5 << 20)  # the held input
+    allocator = BFCModel()
+    whole = simulate_plan(compile_program(g), g, SwapPlan(), allocator=allocator).memory
+    step = allocator.peak_above_base  # what the step itself allocated: op1's and op2's outputs
+    assert step == 2 << 20 and whole.peak_bytes >= (8 << 20) + step  # the chunk, not 5 MiB
+    assert _predict(g, SwapPlan(), on_cpu=True) == resident_bytes(g) + step == (7 << 20)
