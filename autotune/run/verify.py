@@ -320,11 +320,8 @@ def resident_bytes(graph: Graph) -> int:
 
 
 def _predict(graph: Graph, plan: SwapPlan, on_cpu: bool) -> int:
-    """The predicted peak of the step as `_run` measures it: what the allocator model's
-    measured step allocated above what was in use before it, plus the step's own resident
-    bytes (each rounded, not the chunks the model placed them in: on the CPU's growing
-    regions a variable's chunk may hold more than the variable, and the measurement does
-    not count that either)."""
+    """The step's peak as `_run` measures it: what the model's step allocated above what was
+    in use before it, plus the resident bytes by size (not their chunks' bytes)."""
     graph = graph.on_cpu() if on_cpu else graph
     allocator = BFCModel(allow_growth=on_cpu)  # the CPU's BFC grows regions, a GPU's holds one
     simulate_plan(compile_program(graph), graph, plan, allocator=allocator)
