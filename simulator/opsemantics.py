@@ -41,6 +41,9 @@ _FORWARD_FIRST = frozenset(
     }
 )
 
+#: Element-wise kernels (TensorFlow's `UnaryOp` and `BinaryOp`, the same code on every device)
+#: write their output into an input's buffer where it dies: each type here was seen doing so
+#: in the CPU allocator's record (tests/rewriter/test_kernels.py keeps three of them checked)
 _UNARY = frozenset(
     {
         "Relu",
@@ -52,6 +55,7 @@ _UNARY = frozenset(
         "Tanh",
         "Neg",
         "Exp",
+        "Expm1",
         "Log",
         "Log1p",
         "Sqrt",
@@ -62,16 +66,40 @@ _UNARY = frozenset(
         "Floor",
         "Ceil",
         "Round",
+        "Rint",
         "Reciprocal",
         "Inv",
         "Erf",
+        "Erfc",
+        "Erfinv",
+        "Ndtri",
+        "Sin",
+        "Cos",
+        "Tan",
+        "Asin",
+        "Acos",
+        "Atan",
+        "Sinh",
+        "Cosh",
+        "Asinh",
+        "Acosh",
+        "Atanh",
+        "Lgamma",
+        "Digamma",
+        "BesselI0e",
+        "BesselI1e",
         "Softplus",
+        "Softsign",
         "OnesLike",
         "ZerosLike",
         "Gelu",
         "_UnaryOpsComposition",
     }
 )
+
+#: Kernels that are not element-wise but write their output into input 0's buffer where it
+#: dies (`forward_input_or_allocate_output({0}, ...)`, on every device)
+_INPUT0_INPLACE = frozenset({"Softmax", "LogSoftmax", "ClipByValue"})
 
 _BINARY = frozenset(
     {
@@ -89,6 +117,17 @@ _BINARY = frozenset(
         "Pow",
         "FloorDiv",
         "FloorMod",
+        "TruncateDiv",
+        "TruncateMod",
+        "Mod",
+        "Atan2",
+        "Xlogy",
+        "Xdivy",
+        "Xlog1py",
+        "Igamma",
+        "Igammac",
+        "Zeta",
+        "NextAfter",
         "ReluGrad",
         "Relu6Grad",
         "EluGrad",
@@ -100,6 +139,8 @@ _BINARY = frozenset(
         "SqrtGrad",
         "ReciprocalGrad",
         "SoftplusGrad",
+        "SoftsignGrad",
+        "InvGrad",
         "BiasAdd",
         "BiasAddV1",
     }
@@ -169,7 +210,7 @@ def assignment(op_type: str) -> str:
 
 def inplace_inputs(op_type: str, n_inputs: int) -> tuple[int, ...]:
     """Input indices whose buffer output 0 may take over (same size, last use)."""
-    if op_type in _UNARY:
+    if op_type in _UNARY or op_type in _INPUT0_INPLACE:
         return (0,) if n_inputs else ()
     if op_type in _BINARY:
         return tuple(range(min(n_inputs, 2)))
@@ -182,8 +223,9 @@ def scratch_bytes(op_type: str, input_bytes: list[int], output_bytes: list[int])
     """Temporary bytes the kernel holds while it runs, beyond its outputs.
 
     Einsum transposes its operands into temporaries, multiplies into a temporary and transposes
-    that into its output (tensorflow/core/kernels/linalg/einsum_op_impl.h); we count the
-    operands and the product, an upper bound when an operand needs no transpose. MaxPoolGrad
+    that into its output (tensorflow/core/kernels/linalg/einsum_op_impl.h); from sizes alone
+    we count the operands and the product, an upper bound (capture reads the equation,
+    `simulator.einsum`). MaxPoolGrad
     on oneDNN (TensorFlow's CPU build) recomputes the pooled output as a workspace: measured
     here as one temporary of the pooled output's size. SparseSoftmaxCrossEntropyWithLogits
     holds a temporary of the labels' shape in the logits' dtype (sparse_xent_op.cc), the size
