@@ -9,12 +9,13 @@ from typing import Any
 
 from rewriter import branches
 from rewriter.cpukernels import CPU_SCRATCH_TYPES, cpu_kernels, cpu_scratch_bytes
+from rewriter.kernels import inplace_order, kernel_scratch
 from rewriter.loops import Loop, LoopError, Loops
 from rewriter.names import is_host_copy, is_swap_op, on_device_name
 from rewriter.shapes import inferred_shape
 from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
-from simulator.opsemantics import assignment, forwards, inplace_inputs, scratch_bytes
+from simulator.opsemantics import assignment, forwards
 
 __all__ = ["CaptureError", "Captured", "capture_function", "import_step", "to_specs"]
 
@@ -336,9 +337,9 @@ def _op(tf_op: Any, loop: Loop | None = None) -> Op:
         control_inputs=[c.name for c in tf_op.control_inputs],
         device=tf_op.device,
         forwards={} if swap else forwards(tf_op.type, n_in, n_out) or branches.unwrapped(tf_op),
-        inplace=() if swap else inplace_inputs(tf_op.type, n_in),
+        inplace=() if swap else inplace_order(tf_op),
         calls=_called_functions(tf_op),
-        scratch=scratch_bytes(tf_op.type, _sizes(tf_op.inputs), _sizes(tf_op.outputs)),
+        scratch=kernel_scratch(tf_op),
         cpu_scratch=_cpu_scratch(tf_op),
         assigns=assignment(tf_op.type),
     )
@@ -370,15 +371,6 @@ def _cpu_scratch(tf_op: Any) -> int | None:
 
 def _shape(t: Any) -> tuple[int, ...] | None:
     return tuple(t.shape.as_list()) if t.shape.is_fully_defined() else None
-
-
-def _sizes(tensors: Any) -> list[int]:
-    """Bytes of each statically shaped tensor (0 for handles and open shapes)."""
-    out = []
-    for t in tensors:
-        known = t.shape.is_fully_defined() and t.dtype.name not in ("resource", "variant", "string")
-        out.append(int(t.shape.num_elements()) * t.dtype.size if known else 0)
-    return out
 
 
 def _called_functions(tf_op: Any) -> tuple[str, ...]:

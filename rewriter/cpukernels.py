@@ -45,7 +45,8 @@ _FILTER_GRADS = frozenset(
     {"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "Conv3DBackpropFilter"}
 )
 #: Op types whose CPU kernel may hold a buffer of its own (see `cpu_scratch_bytes`).
-CPU_SCRATCH_TYPES = _INPUT_GRADS | _FILTER_GRADS | {"MaxPoolGrad", "MaxPool3DGrad"}
+_SOFTMAX = frozenset({"Softmax", "LogSoftmax"})  # a GPU's holds two temporaries, a CPU's none
+CPU_SCRATCH_TYPES = _INPUT_GRADS | _FILTER_GRADS | _SOFTMAX | {"MaxPoolGrad", "MaxPool3DGrad"}
 #: Op types whose CPU kernel changes algorithm with the size: the 3-D convolution gradients
 SWITCHING_TYPES = frozenset(t for t in _INPUT_GRADS | _FILTER_GRADS if "3D" in t)
 
@@ -100,6 +101,8 @@ def cpu_scratch_bytes(
     """Bytes the CPU kernel of `op_type` allocates for itself while it runs, or None when it
     is what `simulator.opsemantics.scratch_bytes` says for every device (oneDNN builds, and op
     types without a CPU-specific buffer). Raise ValueError when a needed size is unknown."""
+    if op_type in _SOFTMAX:
+        return 0
     if kernels.onednn:
         return None
     if op_type in _INPUT_GRADS:  # inputs: sizes (or input), filter, gradient; output: image
