@@ -73,43 +73,23 @@ def test_max_pool_grad_keeps_the_pooled_output_and_its_int64_argmax() -> None:
 
 
 _RECORD = r"""
-import collections, glob, json, sys, tempfile
+import json, sys
 from autotune.run.measure import example_tensors, prepare_measurement
 prepare_measurement()
-import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 from autotune.api import capture
 from autotune.zoo import get_entry
+from tests.allocations import recorded_requests
 
 model, batch, record = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "record"
 zm = get_entry(model).build(cube=None)
 cap = capture(zm.model, loss=zm.loss, optimizer=zm.optimizer, batch_size=batch)
 ops = {n: [op.type, op.cpu_scratch, op.scratch] for n, op in cap.graph.ops.items()}
-temps = collections.defaultdict(list)
+temps = {}
 if record:
     fn, inputs = cap.concrete_function, example_tensors(cap.specs)
     fn(*inputs)
-    logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(
-        logdir, options=tf.profiler.experimental.ProfilerOptions(host_tracer_level=3))
-    fn(*inputs)
-    tf.profiler.experimental.stop()
-    space = xplane_pb2.XSpace()
-    path = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0]
-    space.ParseFromString(open(path, "rb").read())
-    for plane in space.planes:
-        names, stats = plane.event_metadata, plane.stat_metadata
-        for line in plane.lines:
-            for e in line.events:
-                if not names[e.metadata_id].name.startswith("MemoryAllocation"):
-                    continue
-                s = {stats[x.metadata_id].name: x for x in e.stats}
-                def text(k):
-                    ref = s[k].ref_value
-                    return s[k].str_value or (stats[ref].name if ref else "")
-                if "tf_op" in s and "region_type" in s and text("region_type") == "temp":
-                    req = s["requested_bytes"]
-                    temps[text("tf_op")].append(req.int64_value or req.uint64_value)
+    requests = recorded_requests(lambda: fn(*inputs))
+    temps = {op: [n for kind, n in r if kind == "temp"] for op, r in requests.items()}
 print(json.dumps({"ops": ops, "temps": temps}))
 """
 

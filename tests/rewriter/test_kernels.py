@@ -16,12 +16,12 @@ import pytest
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 _RECORD = r"""
-import collections, glob, json, tempfile
+import json
 from autotune.run.measure import prepare_measurement
 prepare_measurement()
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 from autotune.api import capture
+from tests.allocations import recorded_requests
 
 @tf.function
 def step(q, k, v, a):
@@ -38,26 +38,9 @@ qkv = tf.random.normal([64, 32, 2, 16])
 a = tf.random.uniform([256, 256], 0.5, 1.0)
 args = (qkv, qkv, qkv, a)
 step(*args)
-logdir = tempfile.mkdtemp()
-tf.profiler.experimental.start(
-    logdir, options=tf.profiler.experimental.ProfilerOptions(host_tracer_level=3))
-step(*args)
-tf.profiler.experimental.stop()
-space = xplane_pb2.XSpace()
-space.ParseFromString(open(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0], "rb").read())
-requests = collections.defaultdict(list)
-for plane in space.planes:
-    names, stats = plane.event_metadata, plane.stat_metadata
-    for line in plane.lines:
-        for e in line.events:
-            if names[e.metadata_id].name != "MemoryAllocation":
-                continue
-            s = {stats[x.metadata_id].name: x for x in e.stats}
-            ref = s["tf_op"].ref_value if "tf_op" in s else 0
-            op = s["tf_op"].str_value or stats[ref].name if "tf_op" in s else ""
-            n = s["requested_bytes"].int64_value or s["requested_bytes"].uint64_value
-            if op and n >= 65536:  # not the kernels' small bookkeeping
-                requests[op].append(n)
+recorded = recorded_requests(lambda: step(*args))
+# not the kernels' small bookkeeping
+requests = {op: [n for _, n in r if n >= 65536] for op, r in recorded.items()}
 cap = capture(step, *args)
 ops = {n: [op.type, list(op.inplace), op.scratch, [cap.graph.tensors[t].nbytes for t in op.outputs],
            [cap.graph.tensors[t].producer for t in op.inputs]]
