@@ -9,6 +9,7 @@ it recorded are its ops. Plans are still derived on, and applied to, the capture
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
@@ -18,13 +19,16 @@ from simulator.opsemantics import LOOP_TYPES, REGROUPABLE
 __all__ = ["optimized_graph", "rewritten_ops"]
 
 
-def optimized_graph(captured: Captured, device: str = "CPU:0") -> Graph:
+def optimized_graph(
+    captured: Captured, device: str = "CPU:0", *, variable_shapes: bool = False
+) -> Graph:
     """The IR of `captured` as Grappler optimizes it for `device` ('CPU:0' or 'GPU:0'), with the
-    optimizer settings of this process (`tf.config.optimizer`), as TensorFlow does at run time."""
+    optimizer settings of this process (`tf.config.optimizer`), as TensorFlow does at run time.
+    By default Grappler is not told the variables' shapes: the executor's order model
+    (`simulator.executor_orders`) was read off graphs whose shape queries it had not folded
+    (see docs/method.md); told them (`variable_shapes`), it rewrites all it does at run time."""
     cf = captured.concrete_function
-    # without the variables' shapes: the executor's order model (`simulator.executor_orders`)
-    # was read off graphs whose shape queries Grappler had not folded (see docs/method.md)
-    optimized = _optimized_def(cf, device, variable_shapes=False)
+    optimized = _optimized_def(cf, device, variable_shapes=variable_shapes)
     retyped = _retype_for_import(optimized)
     graph = graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
     if retyped:  # the IR says what runs: bfloat16 (oneDNN's pass treats it as it does float)
@@ -254,6 +258,20 @@ def _wrap(cf: Any, specs: tuple[Any, ...], graph_def: Any) -> Any:
     import tensorflow as tf
 
     def body(*inputs: Any) -> Any:
-        return import_step(cf, graph_def, inputs)[0]
+        outputs = import_step(cf, graph_def, inputs)[0]
+        _keep_shapes(tf.compat.v1.get_default_graph(), cf.graph)
+        return outputs
 
     return tf.compat.v1.wrap_function(body, signature=list(specs))
+
+
+def _keep_shapes(graph: Any, step: Any) -> None:
+    """Give each output the importer left without a static shape (a py_func's: a rewritten
+    step's emulated swap ops) the shape the same output has in the step's graph."""
+    for op in graph.get_operations():
+        for t in op.outputs:
+            if t.shape.is_fully_defined():
+                continue
+            # not for an op Grappler made, or a shape the step's graph does not know either
+            with contextlib.suppress(KeyError, ValueError):
+                t.set_shape(step.get_tensor_by_name(t.name).shape)

@@ -143,6 +143,10 @@ def print_verification(v: Any) -> None:
             print(f"{'':<12} step {run.step_seconds * 1e3:.1f} ms (median of {v.steps}){said}")
     if v.error_percent is not None:
         print(f"error        {v.error_percent:+.1f} % (predicted against measured, tuned)")
+    if v.as_run_error_percent is not None:
+        error = f"{v.as_run_error_percent:+.1f} %"
+        print(f"as run       predicted {_sized(v.as_run_peak_bytes)}, {error} against measured")
+        print(f"{'':<12} (simulated on what TensorFlow runs: the rewritten step after Grappler)")
     if v.memory_bytes is not None:
         verdict = "fits" if v.fits else "does NOT fit"
         print(f"{verdict:<12} {_sized(v.memory_bytes)} of device memory (measured, tuned)")

@@ -204,8 +204,11 @@ def verification_table(tuned: TuningResult) -> pd.DataFrame | None:
     rows = []
     for label, run, predicted in (
         ("tuned", v.tuned, v.predicted_peak_bytes),
+        ("tuned, as TensorFlow runs it (after Grappler)", v.tuned, v.as_run_peak_bytes),
         ("original", v.baseline, v.baseline_predicted_peak_bytes),
     ):
+        if predicted is None:
+            continue
         measured = run.peak_bytes
         rows.append(
             {

@@ -16,20 +16,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.run.gating import GatingReport, check_gating, executed_partitions
+from autotune.run.predict import as_run_peak, predicted_peak, resident_bytes
 from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
 from rewriter.names import recompute_chain
-from simulator import (
-    BFCModel,
-    DevicePreset,
-    Graph,
-    SwapPlan,
-    compile_program,
-    simulate_plan,
-)
+from simulator import DevicePreset, SwapPlan
 from simulator.derive import PlanParams
 from simulator.errors import UserError
-from simulator.heap import GRANULARITY, round_up
 
 __all__ = [
     "Run",
@@ -75,6 +68,8 @@ class Verification:
     predicted_step_seconds: float | None = None
     baseline_predicted_step_seconds: float | None = None
     time_model: str | None = None
+    #: the tuned step's peak simulated on the graph TensorFlow runs (`autotune.run.predict`)
+    as_run_peak_bytes: int | None = None
 
     @property
     def fits(self) -> bool:
@@ -96,6 +91,13 @@ class Verification:
             return None
         return 100.0 * (self.predicted_peak_bytes / self.tuned.peak_bytes - 1.0)
 
+    @property
+    def as_run_error_percent(self) -> float | None:
+        """`error_percent` of the peak simulated on the graph TensorFlow runs."""
+        if not self.tuned.peak_bytes or self.as_run_peak_bytes is None:
+            return None
+        return 100.0 * (self.as_run_peak_bytes / self.tuned.peak_bytes - 1.0)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device,
@@ -104,6 +106,8 @@ class Verification:
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "baseline_predicted_peak_bytes": self.baseline_predicted_peak_bytes,
             "error_percent": self.error_percent,
+            "as_run_peak_bytes": self.as_run_peak_bytes,
+            "as_run_error_percent": self.as_run_error_percent,
             "step_seconds": self.tuned.step_seconds,
             "baseline_step_seconds": self.baseline.step_seconds,
             "predicted_step_seconds": self.predicted_step_seconds,
@@ -257,7 +261,7 @@ def verify_captured(
     base_run = _run(captured.concrete_function, inputs, device, steps, own)
     on_cpu = device == "CPU:0"  # the CPU's kernels
     predicted, base = (
-        _predict(planned_graph(captured, p), p, on_cpu) for p in (tuned.plan, SwapPlan())
+        predicted_peak(planned_graph(captured, p), p, on_cpu) for p in (tuned.plan, SwapPlan())
     )
     model, times = _predicted_seconds(captured, (tuned.plan, SwapPlan()), preset, device)
     return Verification(
@@ -275,6 +279,7 @@ def verify_captured(
         memory_bytes,
         *times,
         model,
+        as_run_peak(captured, tuned, device),
     )
 
 
@@ -310,22 +315,6 @@ def _predicted_seconds(
     engine = build_engine(captured, model)
     tuned, base = (engine.simulate(p).time for p in plans)
     return model.name, (tuned.step_seconds if tuned else None, base.step_seconds if base else None)
-
-
-def resident_bytes(graph: Graph) -> int:
-    """The bytes a step's inputs, variables and constants take in a BFC allocator (each
-    rounded up to its 256-byte granularity): held before the step, as the simulator counts."""
-    resident = (t.nbytes for t in graph.tensors.values() if t.kind.resident)
-    return sum(round_up(n, GRANULARITY) for n in resident)
-
-
-def _predict(graph: Graph, plan: SwapPlan, on_cpu: bool) -> int:
-    """The step's peak as `_run` measures it: what the model's step allocated above what was
-    in use before it, plus the resident bytes by size (not their chunks' bytes)."""
-    graph = graph.on_cpu() if on_cpu else graph
-    allocator = BFCModel(allow_growth=on_cpu)  # the CPU's BFC grows regions, a GPU's holds one
-    simulate_plan(compile_program(graph), graph, plan, allocator=allocator)
-    return allocator.peak_above_base + resident_bytes(graph)
 
 
 def _first_call(tuned: TunedStep, inputs: list[Any]) -> tuple[dict[str, str], GatingReport | None]:
