@@ -110,6 +110,7 @@ def _merge_pairs(graph: Graph) -> list[tuple[str, str]]:
         for reader in grad.consumers:
             other = graph.ops[reader]
             fits = other.type == "Conv2DBackpropFilter" and other.inputs[2:3] == [grad.name]
+            fits &= not graph.control_consumers.get(name)  # (in a pinned order: left apart)
             if fits and other.device == op.device and reader not in taken:
                 pairs.append((name, reader))
                 taken.add(reader)

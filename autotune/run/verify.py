@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.run.gating import GatingReport, check_gating, executed_partitions
-from autotune.run.predict import as_run_peak, predicted_peak, resident_bytes
+from autotune.run.predict import as_run_peak, predicted_peak, reads_regrouped, resident_bytes
 from rewriter.apply import TunedStep, apply_plan, planned_graph
 from rewriter.capture import Captured
 from rewriter.names import recompute_chain
@@ -68,7 +68,8 @@ class Verification:
     predicted_step_seconds: float | None = None
     baseline_predicted_step_seconds: float | None = None
     time_model: str | None = None
-    #: the tuned step's peak simulated on the graph TensorFlow runs (`autotune.run.predict`)
+    #: the tuned step's peak simulated on the graph TensorFlow runs (`autotune.run.predict`),
+    #: where a sum or a product Grappler regroups reads a swap-in or a recompute copy
     as_run_peak_bytes: int | None = None
 
     @property
@@ -259,10 +260,7 @@ def verify_captured(
     own = resident_bytes(captured.graph)
     tuned_run = _run(tuned, inputs, device, steps, own)
     base_run = _run(captured.concrete_function, inputs, device, steps, own)
-    on_cpu = device == "CPU:0"  # the CPU's kernels
-    predicted, base = (
-        predicted_peak(planned_graph(captured, p), p, on_cpu) for p in (tuned.plan, SwapPlan())
-    )
+    predicted, base, as_run = _predicted_peaks(captured, tuned, device)
     model, times = _predicted_seconds(captured, (tuned.plan, SwapPlan()), preset, device)
     return Verification(
         "GPU:0" if device == "GPU:0" else "emulated",
@@ -279,8 +277,21 @@ def verify_captured(
         memory_bytes,
         *times,
         model,
-        as_run_peak(captured, tuned, device),
+        as_run,
     )
+
+
+def _predicted_peaks(
+    captured: Captured, tuned: TunedStep, device: str
+) -> tuple[int, int, int | None]:
+    """The peaks `_run` measures, simulated: tuned and original on the captured graph, and tuned
+    on the graph TensorFlow runs where Grappler regroups a swap-in's reader (`predict`)."""
+    on_cpu = device == "CPU:0"  # the CPU's kernels
+    predicted, base = (
+        predicted_peak(planned_graph(captured, p), p, on_cpu) for p in (tuned.plan, SwapPlan())
+    )
+    regrouped = reads_regrouped(captured.graph, tuned.plan)
+    return predicted, base, as_run_peak(captured, tuned, device) if regrouped else None
 
 
 def _dry_run_gating(captured: Captured, plan: SwapPlan, inputs: list[Any]) -> Any:
