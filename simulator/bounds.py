@@ -61,6 +61,9 @@ class WorkingSets:
     reuse_op: np.ndarray
     reuse_out: np.ndarray
     reuse_in: np.ndarray
+    #: each output that may take over a buffer once, with its op (what `bound` credits)
+    reusing_out: np.ndarray
+    reusing_op: np.ndarray
 
     @classmethod
     def of(cls, graph: Graph) -> WorkingSets:
@@ -79,12 +82,20 @@ class WorkingSets:
                     triples += [(k, index[out], index[r]) for r in sorted(ins)]
         resident = [index[n] for n, t in graph.tensors.items() if t.kind.resident]
         pair, triple = np.array(pairs, np.int64), np.array(triples, np.int64)
+        need = pair.T if len(pairs) else np.zeros((2, 0), np.int64)
+        reuse = triple.T if len(triples) else np.zeros((3, 0), np.int64)
+        outs, first = np.unique(reuse[1], return_index=True)
         return cls(
             tensors,
             tuple(graph.ops),
             np.array(resident, np.int64),
-            *(pair.T if len(pairs) else np.zeros((2, 0), np.int64)),
-            *(triple.T if len(triples) else np.zeros((3, 0), np.int64)),
+            need_op=need[0],
+            need_buffer=need[1],
+            reuse_op=reuse[0],
+            reuse_out=reuse[1],
+            reuse_in=reuse[2],
+            reusing_out=outs,
+            reusing_op=reuse[0][first],
         )
 
     def sizes(self, graph: Graph) -> np.ndarray:
@@ -105,8 +116,7 @@ class WorkingSets:
         taken = np.zeros(len(rounded), np.int64)  # per output: the buffer it takes over
         np.maximum.at(taken, self.reuse_out[fits], rounded[self.reuse_out[fits]])
         reused = np.zeros(len(self.ops), np.int64)
-        outs, first = np.unique(self.reuse_out, return_index=True)
-        np.add.at(reused, self.reuse_op[first], taken[outs])
+        np.add.at(reused, self.reusing_op, taken[self.reusing_out])
         best = int(max(0, (need - reused).max(initial=0)))
         return int(rounded[self.resident].sum()) + best
 
