@@ -177,6 +177,11 @@ def print_fit(
             f"{_sized(d['baseline_peak_bytes'])}), overhead {_times(d['predicted_overhead'])}, "
             f"{d['swapped_tensors']} tensors swapped{_recomputed(d)}"
         )
+        if d.get("as_run_peak_bytes") is not None:
+            print(
+                f"             as run {_sized(d['as_run_peak_bytes'])} (simulated on the graph "
+                "TensorFlow runs: Grappler regroups what reads its swap-ins)"
+            )
         print_waits(d["waits_seconds"])
         _print_time_bound(d)
         edges = tuple(map(tuple, d["order_edges"]))

@@ -68,6 +68,9 @@ class TuningResult:
     #: the backward pass's first op (None: the step has none), where the time view splits
     #: the waits into the forward and the backward pass
     backward_op: str | None = None
+    #: the plan's peak simulated on the graph TensorFlow runs, where Grappler regroups what
+    #: reads its swap-ins (`autotune.search.asrun`; None elsewhere)
+    as_run_peak_bytes: int | None = None
 
     @property
     def size_name(self) -> str:
@@ -80,13 +83,23 @@ class TuningResult:
 
     @property
     def fits(self) -> bool:
-        return self.budget.admits(self.evaluation)
+        """The plan fits the budget, as simulated and, where computed, as TensorFlow runs it."""
+        as_run = self.as_run_peak_bytes
+        return self.budget.admits(self.evaluation) and (
+            as_run is None or as_run <= self.budget.bytes
+        )
 
     def check_fits(self) -> TuningResult:
         """Self, or NoFitError in the form: target, achieved, original (GiB and bytes)."""
         if self.fits:
             return self
-        host = self.budget.host_bytes
+        host, as_run = self.budget.host_bytes, self.as_run_peak_bytes
+        if self.budget.admits(self.evaluation) and as_run is not None:
+            raise NoFitError(
+                f"no plan found fits as TensorFlow runs it: the best peaks at {_sized(as_run)} "
+                f"over the budget {_sized(self.budget.bytes)} once Grappler regroups what reads "
+                "its swap-ins (simulated); the trials are kept: resume with more trials"
+            )
         if self.evaluation.peak_bytes <= self.budget.bytes and host is not None:
             raise NoFitError(
                 f"no plan found fits: the best that fits the device needs "
@@ -164,6 +177,7 @@ class TuningResult:
             "serial_loops": list(self.plan.serial_loops),
             "peak_without_order_edges_bytes": self.unordered_peak_bytes,
             "predicted_peak_bytes": self.predicted_peak_bytes,
+            "as_run_peak_bytes": self.as_run_peak_bytes,
             "predicted_host_peak_bytes": self.evaluation.host_peak_bytes,
             "host_memory_bytes": self.budget.host_bytes,
             "predicted_step_seconds": self.predicted_step_seconds,

@@ -1,0 +1,73 @@
+"""A tuned plan confirmed on the graph TensorFlow runs.
+
+The search simulates plans on the captured graph. Where Grappler regroups a sum or a product
+that reads a swap-in (`autotune.run.predict.reads_regrouped`), the graph that runs can hold
+more: a transformer's GELU gradient, hoisted out of its two terms, keeps a swapped-in input a
+dozen ops longer. There the best plan is also simulated as TensorFlow runs it
+(`as_run_peak`); if that passes the budget, the study's next fastest plans that fit, and the
+one that fits with the lowest peak, are tried the same way, `AS_RUN_TRIES` in all. Each try
+rewrites the step and has Grappler optimize it: about a second for a small model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.search.budget import Budget
+from rewriter.capture import Captured
+from simulator.derive import PlanParams
+from simulator.engine import Engine, Evaluation
+
+__all__ = ["AS_RUN_TRIES", "confirmed"]
+
+#: at most this many of a study's plans that fit are simulated as TensorFlow runs them
+AS_RUN_TRIES = 4
+
+
+def confirmed(
+    captured: Captured, engine: Engine, budget: Budget, study: Any, best: Evaluation
+) -> tuple[Evaluation, int | None]:
+    """`best`, or the fastest of the study's plans that fit whose graph as TensorFlow runs it
+    fits too; with that plan's peak as run (None where the plan's own simulation holds). When
+    none of those tried fits as run, `best` with its peak as run."""
+    from autotune.run.predict import reads_regrouped
+
+    if not reads_regrouped(captured.graph, best.plan):
+        return best, None
+    first = None
+    for ev in _fitting(engine, study, best):
+        if not reads_regrouped(captured.graph, ev.plan):
+            return ev, None
+        peak = as_run(captured, ev)
+        first = first if first is not None else peak
+        if peak is not None and peak <= budget.bytes:
+            return ev, peak
+    return best, first
+
+
+def as_run(captured: Captured, ev: Evaluation) -> int | None:
+    """The peak of `ev`'s plan simulated on the graph TensorFlow runs (None: not capturable)."""
+    from autotune.run.measure import current_device
+    from autotune.run.predict import as_run_peak
+    from autotune.run.verify import rewrite_captured
+
+    tuned = rewrite_captured(captured, ev.plan, pin_order=True)
+    return as_run_peak(captured, tuned, current_device())
+
+
+def _fitting(engine: Engine, study: Any, best: Evaluation) -> list[Evaluation]:
+    """`best`, the study's next fastest trials that fit, and its trial that fits with the
+    lowest peak (the likeliest to fit as run too): `AS_RUN_TRIES` plans in all."""
+    import optuna
+
+    from autotune.search.objective import constraints
+
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    ok = [t for t in done if max(constraints(t)) <= 0]
+    ok.sort(key=lambda t: (t.user_attrs["step_seconds"] or 0, t.user_attrs["peak_bytes"]))
+    params = [PlanParams.from_dict(t.user_attrs["plan_params"]) for t in ok]
+    fastest = [p for p in dict.fromkeys(params) if p != best.params][: AS_RUN_TRIES - 2]
+    low = min(ok, key=lambda t: t.user_attrs["peak_bytes"], default=None)
+    lowest = [PlanParams.from_dict(low.user_attrs["plan_params"])] if low is not None else []
+    chosen = [p for p in dict.fromkeys([*fastest, *lowest]) if p != best.params]
+    return [best, *(engine.evaluate(p) for p in chosen)]
