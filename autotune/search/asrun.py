@@ -34,15 +34,17 @@ def confirmed(
 
     if not reads_regrouped(captured.graph, best.plan):
         return best, None
-    first = None
-    for ev in _fitting(engine, study, best):
+    best_peak = as_run(captured, best)
+    if best_peak is not None and best_peak <= budget.bytes:
+        return best, best_peak
+    for params in _others(study, best.params):
+        ev = engine.evaluate(params)  # derived again only when its turn comes
         if not reads_regrouped(captured.graph, ev.plan):
             return ev, None
         peak = as_run(captured, ev)
-        first = first if first is not None else peak
         if peak is not None and peak <= budget.bytes:
             return ev, peak
-    return best, first
+    return best, best_peak
 
 
 def as_run(captured: Captured, ev: Evaluation) -> int | None:
@@ -55,9 +57,9 @@ def as_run(captured: Captured, ev: Evaluation) -> int | None:
     return as_run_peak(captured, tuned, current_device())
 
 
-def _fitting(engine: Engine, study: Any, best: Evaluation) -> list[Evaluation]:
-    """`best`, the study's next fastest trials that fit, and its trial that fits with the
-    lowest peak (the likeliest to fit as run too): `AS_RUN_TRIES` plans in all."""
+def _others(study: Any, best: PlanParams) -> list[PlanParams]:
+    """The parameters of the study's next fastest trials that fit, and of its trial that fits
+    with the lowest peak (the likeliest to fit as run too): with `best`, `AS_RUN_TRIES`."""
     import optuna
 
     from autotune.search.objective import constraints
@@ -66,8 +68,7 @@ def _fitting(engine: Engine, study: Any, best: Evaluation) -> list[Evaluation]:
     ok = [t for t in done if max(constraints(t)) <= 0]
     ok.sort(key=lambda t: (t.user_attrs["step_seconds"] or 0, t.user_attrs["peak_bytes"]))
     params = [PlanParams.from_dict(t.user_attrs["plan_params"]) for t in ok]
-    fastest = [p for p in dict.fromkeys(params) if p != best.params][: AS_RUN_TRIES - 2]
+    fastest = [p for p in dict.fromkeys(params) if p != best][: AS_RUN_TRIES - 2]
     low = min(ok, key=lambda t: t.user_attrs["peak_bytes"], default=None)
     lowest = [PlanParams.from_dict(low.user_attrs["plan_params"])] if low is not None else []
-    chosen = [p for p in dict.fromkeys([*fastest, *lowest]) if p != best.params]
-    return [best, *(engine.evaluate(p) for p in chosen)]
+    return [p for p in dict.fromkeys([*fastest, *lowest]) if p != best]
