@@ -24,6 +24,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from simulator.opsemantics import SOFTMAX
+
 __all__ = [
     "CPU_SCRATCH_TYPES",
     "SWITCHING_TYPES",
@@ -45,8 +47,8 @@ _FILTER_GRADS = frozenset(
     {"Conv2DBackpropFilter", "Conv3DBackpropFilterV2", "Conv3DBackpropFilter"}
 )
 #: Op types whose CPU kernel may hold a buffer of its own (see `cpu_scratch_bytes`).
-_SOFTMAX = frozenset({"Softmax", "LogSoftmax"})  # a GPU's holds two temporaries, a CPU's none
-CPU_SCRATCH_TYPES = _INPUT_GRADS | _FILTER_GRADS | _SOFTMAX | {"MaxPoolGrad", "MaxPool3DGrad"}
+#: (Softmax's CPU kernels hold no temporaries, a GPU's do: `simulator.opsemantics.SOFTMAX`)
+CPU_SCRATCH_TYPES = _INPUT_GRADS | _FILTER_GRADS | SOFTMAX | {"MaxPoolGrad", "MaxPool3DGrad"}
 #: Op types whose CPU kernel changes algorithm with the size: the 3-D convolution gradients
 SWITCHING_TYPES = frozenset(t for t in _INPUT_GRADS | _FILTER_GRADS if "3D" in t)
 
@@ -101,7 +103,7 @@ def cpu_scratch_bytes(
     """Bytes the CPU kernel of `op_type` allocates for itself while it runs, or None when it
     is what `simulator.opsemantics.scratch_bytes` says for every device (oneDNN builds, and op
     types without a CPU-specific buffer). Raise ValueError when a needed size is unknown."""
-    if op_type in _SOFTMAX:
+    if op_type in SOFTMAX:
         return 0
     if kernels.onednn:
         return None

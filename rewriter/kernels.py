@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulator.einsum import einsum_temporaries
-from simulator.opsemantics import inplace_inputs, scratch_bytes
+from simulator.opsemantics import SOFTMAX, inplace_inputs, scratch_bytes
 
 __all__ = ["inplace_order", "kernel_scratch"]
 
@@ -31,7 +31,7 @@ def kernel_scratch(tf_op: Any) -> int:
     A GPU's Softmax and LogSoftmax (softmax_op_gpu.cu.cc) hold two temporaries of the output's
     shape: the row maxima in the output's type and the row sums in its accumulator's (float
     for half precision). The CPU's kernel holds none (`rewriter.cpukernels`)."""
-    if tf_op.type in ("Softmax", "LogSoftmax") and tf_op.outputs[0].shape.is_fully_defined():
+    if tf_op.type in SOFTMAX and tf_op.outputs[0].shape.is_fully_defined():
         out = tf_op.outputs[0]
         return int(out.shape.num_elements()) * (out.dtype.size + max(out.dtype.size, 4))
     if tf_op.type == "Einsum" and all(t.shape.is_fully_defined() for t in tf_op.inputs):

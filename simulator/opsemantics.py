@@ -97,9 +97,12 @@ _UNARY = frozenset(
     }
 )
 
+#: Softmax's kernels: they write into their input's buffer on every device, and a GPU's holds
+#: two temporaries of the output's shape (`rewriter.kernels.kernel_scratch`)
+SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 #: Kernels that are not element-wise but write their output into input 0's buffer where it
 #: dies (`forward_input_or_allocate_output({0}, ...)`, on every device)
-_INPUT0_INPLACE = frozenset({"Softmax", "LogSoftmax", "ClipByValue"})
+_INPUT0_INPLACE = SOFTMAX | {"ClipByValue"}
 
 _BINARY = frozenset(
     {
