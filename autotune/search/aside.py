@@ -16,7 +16,7 @@ import os
 import pickle
 import queue
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.search.workers import Worker, child_streams
@@ -26,7 +26,7 @@ from simulator.memory import fewer_collections
 if TYPE_CHECKING:
     from autotune.search.batching import BatchSearch, StepFamily
 
-__all__ = ["Aside"]
+__all__ = ["Aside", "Beside"]
 
 #: seconds between checks that the worker is still alive while waiting for its result
 _POLL = 0.5
@@ -100,6 +100,58 @@ class Aside:
             self._result = rest[0]
         else:
             self._error = rest[0]
+
+
+@dataclass
+class Beside:
+    """A method's largest-batch search in its worker (`side`; None where it is not run
+    there) while `methods` are searched here, with the callbacks its probes are handed to
+    while they are shown (`largest_batches_beside`)."""
+
+    side: Aside | None
+    methods: tuple[str, ...]
+    told: Callable[[str, int], None]
+    expect: Callable[[int], None]
+    #: the probes its search may take (`max_probes`), and those handed on so far
+    expected: int
+    shown: int = 0
+    quiet: bool = False
+
+    def probed(self, method: str, batch: int) -> None:
+        """A probe of a search here: the worker's reported so far are handed on first."""
+        if self.side is not None:
+            self.side.poll(self._told)
+        self.told(method, batch)
+
+    def hidden(self) -> None:
+        """Show no more of its probes (the caller moves on while it runs): the probes
+        expected of it and not shown are taken off."""
+        if self.side is not None and not self.quiet:
+            self.side.poll(self._told)
+            self.expect(self.shown - self.expected)
+        self.quiet = True
+
+    def joined(self, here: dict[str, BatchSearch]) -> dict[str, BatchSearch]:
+        """`here` with its search's result, in the order of `methods` (waits for it)."""
+        out = dict(here)
+        if self.side is not None:
+            try:
+                found = self.side.result(self._told)
+            finally:
+                self.side.stop()
+            out[found.method] = found
+            if not self.quiet:
+                self.expect(found.probes - self.expected)
+        return {m: out[m] for m in ("no swapping", *self.methods) if m in out}
+
+    def stop(self) -> None:
+        if self.side is not None:
+            self.side.stop()
+
+    def _told(self, method: str, batch: int) -> None:
+        if not self.quiet:
+            self.shown += 1
+            self.told(method, batch)
 
 
 def work() -> None:

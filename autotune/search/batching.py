@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.search.aside import Aside
+from autotune.search.aside import Aside, Beside
 from autotune.search.baselines import (
     largest,
     original_autotuner,
@@ -44,7 +44,9 @@ __all__ = [
     "CapturedSteps",
     "StepFamily",
     "Steps",
+    "Beside",
     "largest_batches",
+    "largest_batches_beside",
 ]
 
 METHODS = (
@@ -273,28 +275,45 @@ def largest_batches(
     `on_expect(n)` is told how many more probes to expect (for a progress bar's total): at
     most `max_probes` a method at first, then fewer by those a search did not need. The
     `ASIDE` method is searched in a worker process meanwhile (`autotune.search.aside`)."""
+    here, beside = largest_batches_beside(
+        steps, budget, trials=trials, seed=seed, methods=methods, on_probe=on_probe,
+        tuned_later=tuned_later, recompute=recompute, on_expect=on_expect,
+    )  # fmt: skip
+    return beside.joined(here)
+
+
+def largest_batches_beside(
+    steps: Steps,
+    budget: Budget,
+    *,
+    trials: int,
+    seed: int,
+    methods: tuple[str, ...] = METHODS,
+    on_probe: Callable[[str, int], None] | None = None,
+    tuned_later: tuple[str, ...] = (),
+    recompute: str = "search",
+    on_expect: Callable[[int], None] | None = None,
+) -> tuple[dict[str, BatchSearch], Beside]:
+    """`largest_batches` without waiting for the `ASIDE` method's search in its worker: the
+    largest batches of the methods searched here, and the search beside them (`Beside`:
+    its `joined` waits for it, `stop` ends it; the caller must call one)."""
     ceiling = largest_possible(steps, budget)
     expect = on_expect or (lambda n: None)
     expect(sum(max_probes(2, ceiling, m) for m in {"no swapping", *methods}))
-    side: Aside | None = None  # the worker, once started
     told = on_probe or (lambda method, batch: None)
-
-    def probed(method: str, batch: int) -> None:
-        if side is not None:
-            side.poll(told)
-        told(method, batch)
+    beside = Beside(None, methods, told, expect, max_probes(2, ceiling, ASIDE))
 
     def search(method: str, low: int) -> BatchSearch:
         found = largest_batch(
             steps, method, budget, trials=trials, seed=seed, low=low, high=ceiling,
-            on_probe=probed, full_outcome=method not in tuned_later, recompute=recompute,
+            on_probe=beside.probed, full_outcome=method not in tuned_later, recompute=recompute,
         )  # fmt: skip
         expect(found.probes - max_probes(2, ceiling, method))
         return found
 
     out = {"no swapping": search("no swapping", 2)}
     low = max(2, out["no swapping"].batch)
-    side = _aside(steps, methods, budget, trials, seed, low, ceiling, recompute, tuned_later)
+    beside.side = _aside(steps, methods, budget, trials, seed, low, ceiling, recompute, tuned_later)
     starts = _WARM_STARTS + (("recompute only",) if recompute == "search" else ())
     try:
         for method in methods:
@@ -303,15 +322,12 @@ def largest_batches(
                 # recompute only, when recomputes are searched), ours fits wherever they fit:
                 # its search starts at their largest batch
                 low = max([low, *(out[m].batch for m in starts if m in out)])
-            if method != "no swapping" and not (side and method == ASIDE):
+            if method != "no swapping" and not (beside.side and method == ASIDE):
                 out[method] = search(method, low)
-        if side is not None:
-            out[ASIDE] = side.result(told)
-            expect(out[ASIDE].probes - max_probes(2, ceiling, ASIDE))
-    finally:
-        if side is not None:
-            side.stop()
-    return {m: out[m] for m in ("no swapping", *methods) if m in out}
+    except BaseException:
+        beside.stop()
+        raise
+    return out, beside
 
 
 def _aside(

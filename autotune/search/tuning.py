@@ -27,7 +27,7 @@ from autotune.search.baselines import (
 from autotune.search.batching import (
     CAPTURE_BATCHES,
     StepFamily,
-    largest_batches,
+    largest_batches_beside,
     method_at,
 )
 from autotune.search.core import (
@@ -352,23 +352,31 @@ def _fit_max_batch(
     pair = (given, 2 * given) if given and given >= 2 else CAPTURE_BATCHES
     bars.expect(2 * len(pair))  # a trace and costs at each batch
     steps = StepFamily.or_captures(capture_at, preset, pair, on_stage=bars.stage)
-    batches = largest_batches(
+    here, beside = largest_batches_beside(
         steps, budget, trials=trials, seed=seed, on_probe=bars.probe, tuned_later=("ours",),
         recompute=recompute, on_expect=bars.expect,
     )  # fmt: skip
-    best = batches["ours"].batch or batches["no swapping"].batch
-    if best == 0:
-        check_budget(steps.engine(2), budget)
-    engine = steps.engine(best)
-    name = study or study_name(
-        "step", f"max{best}", preset.name, budget.bytes, budget.host_bytes, recompute
-    )
-    # the step is captured at `best` when it is first run or verified: tuning, the report
-    # and the plan file need only the graph scaled from the two captures
-    tuned = tune_captured(
-        None, engine, budget, name=name, batch_size=best, progress=bars,
-        later=lambda: capture_at(best), **opts,
-    )  # fmt: skip
+    # ours is tuned at its batch while the search beside (random search's) goes on: neither
+    # depends on the other, and this process would otherwise wait for it
+    beside.hidden()
+    try:
+        best = here["ours"].batch or here["no swapping"].batch
+        if best == 0:
+            check_budget(steps.engine(2), budget)
+        engine = steps.engine(best)
+        name = study or study_name(
+            "step", f"max{best}", preset.name, budget.bytes, budget.host_bytes, recompute
+        )
+        # the step is captured at `best` when it is first run or verified: tuning, the
+        # report and the plan file need only the graph scaled from the two captures
+        tuned = tune_captured(
+            None, engine, budget, name=name, batch_size=best, progress=bars,
+            later=lambda: capture_at(best), **opts,
+        )  # fmt: skip
+    except BaseException:
+        beside.stop()
+        raise
+    batches = beside.joined(here)
     tuned.batches = with_tuned_ours(
         batches,
         tuned.outcomes.get("ours"),

@@ -241,6 +241,72 @@ def test_random_search_beside_the_others_finds_what_it_finds_here(
     assert len(Watched.workers) == 1 and Watched.workers[0] not in (0, os.getpid())
 
 
+def test_the_search_beside_goes_on_while_this_process_moves_on(steps: StepFamily) -> None:
+    """`largest_batches_beside` returns what it searched here while random search's worker
+    may still run; `joined` adds that search's result (the one `largest_batches` gives) and
+    ends the worker. Once `hidden`, its probes reach the bar no more, and the bar's total
+    loses the probes expected of it and not shown: it ends where the probes shown do."""
+    from autotune.search.batching import largest_batches_beside
+
+    budget, methods = Budget(80 << 20, 0.95), ("no swapping", "random search")
+    probes: list[str] = []
+    totals: list[int] = []
+    here, beside = largest_batches_beside(
+        steps, budget, trials=6, seed=0, methods=methods,
+        on_probe=lambda method, batch: probes.append(method), on_expect=totals.append,
+    )  # fmt: skip
+    assert list(here) == ["no swapping"] and beside.side is not None
+    beside.hidden()
+    shown = probes.count("random search")
+    found = beside.joined(here)
+    assert list(found) == list(methods) and probes.count("random search") == shown
+    assert sum(totals) == len(probes)
+    assert beside.side.process.poll() is not None
+    alone = largest_batches(steps, budget, trials=6, seed=0, methods=methods)["random search"]
+    got = found["random search"]
+    assert got.batch == alone.batch and got.probes == alone.probes
+    assert got.outcome is not None and alone.outcome is not None
+    assert got.outcome.best is not None and alone.outcome.best is not None
+    assert got.outcome.best.plan == alone.outcome.best.plan
+
+
+def test_fit_ends_the_search_beside_when_its_tuning_is_interrupted(
+    steps: StepFamily, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fit(max_batch=True)` tunes ours while random search's worker goes on: an interrupt
+    there ends the worker too, before it is raised."""
+    from autotune.search import batching, tuning
+    from autotune.search.aside import Aside
+
+    started: list[Aside] = []
+
+    class Watched(Aside):
+        @classmethod
+        def start(cls, *args: Any, **kwargs: Any) -> Aside | None:
+            side = super().start(*args, **kwargs)
+            if side is not None:
+                started.append(side)
+            return side
+
+    def captured_never(batch: int | None) -> Any:
+        raise AssertionError("the family is given: nothing is captured")
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        assert started and started[0].process.poll() is None  # still searching
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(batching, "Aside", Watched)
+    monkeypatch.setattr(tuning, "tune_captured", interrupted)
+    monkeypatch.setattr(tuning.StepFamily, "or_captures", lambda *a, **k: steps)
+    with pytest.raises(KeyboardInterrupt):
+        tuning._fit_max_batch(
+            captured_never, get_preset("v100-16gb-nvlink2"), Budget(80 << 20, 0.95), None,
+            tuning.Progress(False), trials=50, seed=0, storage="sqlite://", objectives=1,
+            recompute="search",
+        )  # fmt: skip
+    assert len(started) == 1 and started[0].process.poll() is not None
+
+
 def test_a_failure_beside_is_one_error_here(steps: StepFamily) -> None:
     from autotune.search.aside import Aside
     from simulator.errors import UserError
