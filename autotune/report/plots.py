@@ -31,7 +31,10 @@ if TYPE_CHECKING:
 __all__ = [
     "MemoryTimeline",
     "OverheadCurve",
+    "CurvePoint",
     "batch_curve",
+    "curve_of",
+    "curve_point",
     "memory_timeline",
     "render_batch_curve",
     "render_memory_timeline",
@@ -164,6 +167,11 @@ def batch_grid(max_no_swap: int, max_tuned: int, points: int = 12) -> list[int]:
     return sorted({max(2, round(top * 1.15 * i / (points - 1))) for i in range(points)})
 
 
+#: one size of the batch curve: the no-swap peak, the tuned parameters' peak, their overhead
+#: where they fit (else None) and the time bound (None where none)
+CurvePoint = tuple[int, int, float | None, float | None]
+
+
 def batch_curve(
     engine_at: Callable[[int], Any],
     params: Any,
@@ -173,29 +181,43 @@ def batch_curve(
     points: int = 12,
     on_point: Callable[[int], None] | None = None,
 ) -> BatchCurve:
-    """Simulate both settings on a grid of batch sizes up to past the tuned maximum. The tuned
-    parameters run at every size with the order edges of the tuned size (a size's own edges
-    would be searched for at each point: most of the curve's time), and the time bound is
-    the lower of the plain order's and that order's. `on_point(b)` is told each size first
-    (a progress bar's stage)."""
-    from simulator.derive import PlanParams
-
+    """Simulate both settings on a grid of batch sizes up to past the tuned maximum
+    (`curve_point` at each). `on_point(b)` is told each size first (a progress bar's stage)."""
     grid = batch_grid(max_no_swap, max_tuned, points)
     tuned_at = engine_at(max(max_tuned, 2))
-    none, tuned, overhead, bound = [], [], [], []
+    rows = {}
     for b in grid:
         if on_point is not None:
             on_point(b)
-        engine = engine_at(b)
-        ordered = engine.ordered_like(tuned_at) if params.serialize else engine
-        bare = engine.evaluate(PlanParams(n_tensors=0))
-        ev = ordered.evaluate(params)
-        none.append(bare.peak_bytes)
-        tuned.append(ev.peak_bytes)
-        overhead.append(ev.overhead if ev.peak_bytes <= budget_bytes else None)
-        limit = engine.time_bound(budget_bytes, ordered=ordered is not engine, ordered_by=ordered)
-        base = bare.step_seconds
-        bound.append(limit / base if limit is not None and base else None)
+        rows[b] = curve_point(engine_at, tuned_at, params, budget_bytes, b)
+    return curve_of(rows, budget_bytes, max_no_swap, max_tuned)
+
+
+def curve_point(
+    engine_at: Callable[[int], Any], tuned_at: Any, params: Any, budget_bytes: int, batch: int
+) -> CurvePoint:
+    """The curve at `batch`. The tuned parameters run with the order edges of the tuned size
+    (`tuned_at`'s: a size's own edges would be searched for at each point, most of the curve's
+    time), and the time bound is the lower of the plain order's and that order's."""
+    from simulator.derive import PlanParams
+
+    engine = engine_at(batch)
+    ordered = engine.ordered_like(tuned_at) if params.serialize else engine
+    bare = engine.evaluate(PlanParams(n_tensors=0))
+    ev = ordered.evaluate(params)
+    overhead = ev.overhead if ev.peak_bytes <= budget_bytes else None
+    limit = engine.time_bound(budget_bytes, ordered=ordered is not engine, ordered_by=ordered)
+    base = bare.step_seconds
+    bound = limit / base if limit is not None and base else None
+    return bare.peak_bytes, ev.peak_bytes, overhead, bound
+
+
+def curve_of(
+    rows: dict[int, CurvePoint], budget_bytes: int, max_no_swap: int, max_tuned: int
+) -> BatchCurve:
+    """The curve of its points, by size."""
+    grid = sorted(rows)
+    none, tuned, overhead, bound = (list(col) for col in zip(*(rows[b] for b in grid)))
     return BatchCurve(grid, none, tuned, budget_bytes, max_no_swap, max_tuned, overhead, bound)
 
 

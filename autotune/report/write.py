@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.progress import Progress
+from autotune.report.beside import CurveBeside
 from autotune.report.facts import edge_lines, facts
 from autotune.units import byte_unit
 from simulator.memory import fewer_collections
@@ -106,9 +107,31 @@ def trials_table(study: Any) -> pd.DataFrame | None:
 def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, Figure]:
     """Every plot the result supports, by file stem (`progress` is told the batch curve's
     sizes, then that the plots are being saved)."""
-    from autotune.report import plots, timeview
+    from autotune.report import plots
 
     bars = progress or Progress(False)
+    maxima = _curve_maxima(tuned)
+    beside = None
+    if maxima is not None:  # its sizes begin in a worker while the other plots are drawn
+        beside = CurveBeside.start(tuned.steps, tuned.params, tuned.budget.bytes, *maxima)
+    try:
+        out = _other_figures(tuned)
+        if beside is not None:
+            curve = beside.curve(on_point=lambda b: bars.stage(f"peak against size: {b}"))
+            out["batch_curve"] = plots.render_batch_curve(curve)
+    finally:
+        if beside is not None:
+            beside.stop()
+    bars.stage("saving the plots")
+    if tuned.verification is not None:
+        out["verification"] = plots.render_verification(tuned.verification)
+    return out
+
+
+def _other_figures(tuned: TuningResult) -> dict[str, Figure]:
+    """The memory timeline, the time view and the search's plots, where the result has them."""
+    from autotune.report import plots, timeview
+
     out: dict[str, Figure] = {}
     timeline = plots.memory_timeline(
         tuned.evaluation, tuned.baseline, tuned.budget.bytes, tuned.lower_bound_bytes
@@ -119,19 +142,6 @@ def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, 
         out["time_view"] = timeview.render_time_view(view)
     if tuned.study is not None:
         out.update(plots.render_search(tuned.study))
-    maxima = _curve_maxima(tuned)
-    if maxima is not None:
-        curve = plots.batch_curve(
-            tuned.steps.engine,
-            tuned.params,
-            tuned.budget.bytes,
-            *maxima,
-            on_point=lambda b: bars.stage(f"peak against size: {b}"),
-        )
-        out["batch_curve"] = plots.render_batch_curve(curve)
-    bars.stage("saving the plots")
-    if tuned.verification is not None:
-        out["verification"] = plots.render_verification(tuned.verification)
     return out
 
 
