@@ -44,6 +44,7 @@ from simulator.opsemantics import (
     SHAPE_ONLY,
 )
 from simulator.order_edges import Edge
+from simulator.prefetch import trigger_levels
 from simulator.refine import Finish, Planned, guarded, late_swaps, plan_of
 from simulator.replay import with_allocator
 from simulator.timing import Link
@@ -200,6 +201,11 @@ class Engine:
     def backward_level(self) -> int:
         """The first level of the backward pass: its first op that reads anything."""
         return min((self.order.level[n] for n in self._backward_readers), default=0)
+
+    @functools.cached_property
+    def trigger_levels(self) -> list[int]:
+        """`prefetch.trigger_levels` of this engine's graph and order."""
+        return trigger_levels(self.graph, self.order)
 
     @functools.cached_property
     def _backward_readers(self) -> tuple[str, ...]:

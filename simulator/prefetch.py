@@ -56,7 +56,7 @@ from simulator.order import Order
 from simulator.plan import Swap, SwapIn, SwapPlan
 from simulator.timing import Link, Timeline
 
-__all__ = ["postpone_waits", "prefetch"]
+__all__ = ["postpone_waits", "prefetch", "trigger_levels"]
 
 
 def prefetch(
@@ -68,13 +68,16 @@ def prefetch(
     link: Link,
     backward_start: int,
     backward: frozenset[str] = frozenset(),
+    levels: list[int] | None = None,
 ) -> tuple[SwapPlan, np.ndarray]:
     """`plan` with its swap-ins triggered earlier where `live` (bytes per step) has room under
     `limit` (see the module's docstring), and the live bytes it counts for that plan (`live`
     with each moved or kept copy added where it now lives); `backward_start` is the first
-    step of the backward, `backward` its ops."""
+    step of the backward, `backward` its ops; `levels`, `trigger_levels` of the graph and
+    the timeline's order, if the caller keeps them."""
     order = timeline.order
     pos = order.position
+    levels = trigger_levels(graph, order) if levels is None else levels
     reads = plan.first_reads(pos)
     items = sorted(
         (reads[swap.tensor, k], i, k)
@@ -91,7 +94,8 @@ def prefetch(
         if graph.tensors[swap.tensor].producer in backward:
             continue  # made in the backward pass: see the module's docstring
         low = max(queued, _freed(graph, pos, swap) + 1)
-        q = _earliest(graph, order, timeline, room, swap.nbytes, limit, t, low, first, latest[i, k])
+        due = latest[i, k]
+        q = _earliest(levels, order, timeline, room, swap.nbytes, limit, t, low, first, due)
         if q < t:
             room[q:t] += swap.nbytes
             moved[i, k] = order.ops[q]
@@ -142,8 +146,15 @@ def _freed(graph: Graph, pos: dict[str, int], swap: Swap) -> int:
     return max([pos[tensor.producer], *kept])
 
 
+def trigger_levels(graph: Graph, order: Order) -> list[int]:
+    """Per step of `order`, its op's level where the op may trigger a copy (`can_wait`), else
+    a level past every other."""
+    never = order.n_levels
+    return [order.level[op] if can_wait(graph, op) else never for op in order.ops]
+
+
 def _earliest(
-    graph: Graph,
+    levels: list[int],
     order: Order,
     timeline: Timeline,
     room: np.ndarray,
@@ -161,8 +172,7 @@ def _earliest(
     level = order.level[order.ops[first]]
     best, q = t, t - 1
     while q >= low and room[q] + nbytes <= limit:
-        op = order.ops[q]
-        if can_wait(graph, op) and order.level[op] < level:
+        if levels[q] < level:  # a valid trigger
             best = q
             if timeline.base_end[q] <= latest:
                 break

@@ -131,13 +131,13 @@ def prefetched(
     if postpone and any(s.sync for s in plan.swaps):
         gates = engine.context.gates
         plan, live = postpone_waits(graph, timeline, plan, live, limit, link, backward, gates)
-    start = engine.backward_start
+    start, levels = engine.backward_start, engine.trigger_levels
     if not any(graph.tensors[s.tensor].producer in backward for s in plan.swaps):
-        moved, counted = prefetch(graph, timeline, plan, live, limit, link, start, backward)
+        moved, counted = prefetch(graph, timeline, plan, live, limit, link, start, backward, levels)
         return Planned(moved, live=counted)
     room = limit
     for _ in range(PREFETCH_ROUNDS):
-        moved, _ = prefetch(graph, timeline, plan, live, room, link, start, backward)
+        moved, _ = prefetch(graph, timeline, plan, live, room, link, start, backward, levels)
         result = engine.simulate_bare(moved, link)
         peak = result.memory.live_peak_bytes
         if peak <= limit:

@@ -155,3 +155,18 @@ def test_postponed_waits_keep_the_live_bytes_within_the_limit_or_the_plans_own_p
     held = sum(s.nbytes for s in plan.swaps if s.waiter)
     assert int(counted.max()) <= max(limit, int(before.max()) + held)
     assert (counted >= before).all()
+
+
+def test_trigger_levels_give_a_level_only_to_ops_that_may_trigger() -> None:
+    """A placeholder, and an op Grappler rewrites, may not trigger a copy: their steps get a
+    level past every other, the others their own."""
+    from simulator.prefetch import trigger_levels
+
+    g = training_chain()
+    g.rewritten = frozenset({"f2"})
+    engine = _engine(g, 1024.0)
+    order = engine.order
+    got = dict(zip(order.ops, trigger_levels(g, order)))
+    assert got["x"] == got["f2"] == order.n_levels
+    assert all(got[op] == order.level[op] for op in order.ops if op not in ("x", "f2"))
+    assert engine.trigger_levels == trigger_levels(g, order)
