@@ -139,7 +139,7 @@ def merge_overlapping(swap: Swap, pos: dict[str, int]) -> Swap:
             merged[-1] = SwapIn(merged[-1].trigger, merged[-1].consumers + s.consumers)
         else:
             merged.append(s)
-    return replace(swap, swap_ins=tuple(merged)) if len(merged) < len(swap.swap_ins) else swap
+    return swap.with_swap_ins(tuple(merged)) if len(merged) < len(swap.swap_ins) else swap
 
 
 def _selected(ctx: PlanContext, cand: Candidate, params: PlanParams) -> bool:

@@ -47,6 +47,11 @@ class Swap:
     sync: bool = False
     waiter: str = ""
 
+    def with_swap_ins(self, swap_ins: tuple[SwapIn, ...]) -> Swap:
+        """This swap with other swap-ins (`dataclasses.replace`, without its cost: plan
+        derivation makes such copies by the hundred thousand in a search)."""
+        return Swap(self.tensor, self.nbytes, swap_ins, self.sync, self.waiter)
+
     @property
     def rerouted(self) -> frozenset[str]:
         """All consumers that read a swapped-in copy instead of the original."""

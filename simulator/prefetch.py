@@ -120,7 +120,7 @@ def _kept(plan: SwapPlan, room: np.ndarray, limit: int, pos: dict[str, int]) -> 
                     ins[-1] = SwapIn(ins[-1].trigger, ins[-1].consumers + s.consumers)
                     continue
             ins.append(s)
-        swaps.append(replace(swap, swap_ins=tuple(ins)) if len(ins) < len(swap.swap_ins) else swap)
+        swaps.append(swap.with_swap_ins(tuple(ins)) if len(ins) < len(swap.swap_ins) else swap)
     return replace(plan, swaps=tuple(swaps))
 
 
@@ -190,7 +190,7 @@ def _with_triggers(
             SwapIn(moved.get((i, k), s.trigger), s.consumers) for k, s in enumerate(swap.swap_ins)
         )
         if ins != swap.swap_ins:
-            swap = merge_overlapping(replace(swap, swap_ins=ins), pos)
+            swap = merge_overlapping(swap.with_swap_ins(ins), pos)
         swaps.append(swap)
     return replace(plan, swaps=tuple(swaps))
 
@@ -238,7 +238,9 @@ def postpone_waits(
         room[last + 1 : max(w, now) + 1] += swap.nbytes
     if not waiters:
         return plan, room
-    swaps = tuple(replace(s, waiter=waiters.get(i, s.waiter)) for i, s in enumerate(plan.swaps))
+    swaps = tuple(
+        replace(s, waiter=waiters[i]) if i in waiters else s for i, s in enumerate(plan.swaps)
+    )
     return replace(plan, swaps=swaps), room
 
 

@@ -22,6 +22,8 @@ RECOMPUTE_SMALLEST = 64
 #: norm's input gradients made again from the output gradient read a few steps after them
 #: (docs/method.md, "Constants")
 HOLD_STEPS = 4
+#: the parameters whose trigger rule places a recompute (`_recompute_step`)
+_DEFAULTS = PlanParams()
 
 
 def plan_recomputes(
@@ -74,7 +76,7 @@ def from_swap_ins(
             k = next((k for k, end in enumerate(ends) if end >= at), len(ins) - 1)
             if pos[ins[k].trigger] > at:
                 ins[k] = SwapIn(rc.trigger, ins[k].consumers)
-                swaps[index[name]] = replace(swap, swap_ins=tuple(ins))
+                swaps[index[name]] = swap.with_swap_ins(tuple(ins))
             sources.append((name, k))
         out.append(replace(rc, sources=tuple(sources)) if sources else rc)
     return out
@@ -218,5 +220,5 @@ def remake_chain(ctx: PlanContext, cand: Candidate) -> tuple[str, ...] | None:
 def _recompute_step(ctx: PlanContext, cand: Candidate, first: tuple[int, str]) -> int | None:
     """The step whose op triggers a recompute of `cand` for its reader `first` (the default
     parameters' trigger: the level before it), or None."""
-    trigger = find_trigger(ctx, cand, first, PlanParams())
+    trigger = find_trigger(ctx, cand, first, _DEFAULTS)
     return None if trigger is None else ctx.order.position[trigger]
