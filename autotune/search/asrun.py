@@ -28,14 +28,15 @@ def confirmed(
     captured: Captured, engine: Engine, budget: Budget, study: Any, best: Evaluation
 ) -> tuple[Evaluation, int | None]:
     """`best`, or the fastest of the study's plans that fit whose graph as TensorFlow runs it
-    fits too; with that plan's peak as run (None where the plan's own simulation holds). When
-    none of those tried fits as run, `best` with its peak as run."""
+    fits too; with that plan's peak as run (None where the plan's own simulation holds: it
+    reads no regrouped product, or its graph as run could not be captured). When none of
+    those tried fits as run, `best` with its peak as run."""
     from autotune.run.predict import reads_regrouped
 
     if not reads_regrouped(captured.graph, best.plan):
         return best, None
     best_peak = as_run(captured, best)
-    if best_peak is not None and best_peak <= budget.bytes:
+    if best_peak is None or best_peak <= budget.bytes:  # uncapturable: its own simulation holds
         return best, best_peak
     for params in _others(study, best.params):
         ev = engine.evaluate(params)  # derived again only when its turn comes
