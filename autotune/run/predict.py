@@ -60,11 +60,13 @@ def reads_regrouped(graph: Graph, plan: SwapPlan) -> bool:
     return not regrouped.isdisjoint(readers)
 
 
-def as_run_peak(captured: Captured, tuned: TunedStep, device: str) -> int | None:
+def as_run_peak(
+    captured: Captured, tuned: TunedStep, device: str, planned: Graph | None = None
+) -> int | None:
     """`predicted_peak` of the graph TensorFlow runs for `tuned` (rewritten with its order
     pinned) on `device` ('CPU:0' or 'GPU:0'), in the order the plan was simulated in (the one
-    the rewrite pins; an op Grappler made runs when it is ready); None when that graph cannot
-    be captured."""
+    the rewrite pins; an op Grappler made runs when it is ready: `planned`'s, the plan's
+    `planned_graph` if the caller has it); None when that graph cannot be captured."""
     from rewriter.cpukernels import cpu_kernels
     from rewriter.optimized import optimized_graph
     from simulator.onednn import onednn_graph
@@ -77,5 +79,5 @@ def as_run_peak(captured: Captured, tuned: TunedStep, device: str) -> int | None
             graph = onednn_graph(graph.on_cpu())
     except (CaptureError, GraphError):
         return None
-    pinned = categorized_order(planned_graph(captured, tuned.plan)).ops
+    pinned = categorized_order(planned or planned_graph(captured, tuned.plan)).ops
     return predicted_peak(graph, SwapPlan(), on_cpu, {n: float(i) for i, n in enumerate(pinned)})

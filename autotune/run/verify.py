@@ -287,11 +287,12 @@ def _predicted_peaks(
     """The peaks `_run` measures, simulated: tuned and original on the captured graph, and tuned
     on the graph TensorFlow runs where Grappler regroups a swap-in's reader (`predict`)."""
     on_cpu = device == "CPU:0"  # the CPU's kernels
-    predicted, base = (
-        predicted_peak(planned_graph(captured, p), p, on_cpu) for p in (tuned.plan, SwapPlan())
-    )
-    regrouped = reads_regrouped(captured.graph, tuned.plan)
-    return predicted, base, as_run_peak(captured, tuned, device) if regrouped else None
+    planned = planned_graph(captured, tuned.plan)
+    predicted = predicted_peak(planned, tuned.plan, on_cpu)
+    base = predicted_peak(planned_graph(captured, SwapPlan()), SwapPlan(), on_cpu)
+    if not reads_regrouped(captured.graph, tuned.plan):
+        return predicted, base, None
+    return predicted, base, as_run_peak(captured, tuned, device, planned)
 
 
 def _dry_run_gating(captured: Captured, plan: SwapPlan, inputs: list[Any]) -> Any:
