@@ -34,7 +34,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from autotune.api import capture
     from autotune.calibration import resolve_device
     from autotune.progress import Progress
-    from autotune.run.calibrate import calibrate
+    from autotune.run.calibrate import ROUNDS, calibrate
     from autotune.zoo import resolve_model
 
     def at(batch: int) -> Any:
@@ -44,7 +44,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.batch_size < 2:
         raise UserError("calibrate needs --batch-size 2 or more: it profiles it and half of it")
     bars = Progress(not args.json)
-    bars.expect(3)
+    bars.expect(2 * ROUNDS + 1)
     base = resolve_device(args.base) if args.base else None
     cal = calibrate(
         at, args.batch_size, model=args.model, steps=args.steps, base=base, on_stage=bars.stage

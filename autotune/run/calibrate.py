@@ -1,7 +1,8 @@
 """Calibrate: profile a step at two sizes on this device and record its ops' times and the link.
 
 Each size runs a warm-up step, then `steps` timed steps (their median is the step's wall time)
-and `steps` steps under TensorFlow's profiler, whose kernel events give each op's median time.
+and `steps` steps under TensorFlow's profiler, whose kernel events give each op's median time;
+the two sizes take `ROUNDS` turns at that, and each figure is its median over the rounds.
 Ops that ran fused into another (Grappler's remapper names a fused kernel after the last op it
 absorbed) are timed in that op and take none of their own.
 """
@@ -22,7 +23,12 @@ from simulator.devices import DevicePreset
 from simulator.errors import UserError
 from simulator.graph import Graph, Op
 
-__all__ = ["calibrate", "step_seconds"]
+__all__ = ["ROUNDS", "calibrate", "step_seconds"]
+
+#: the two sizes are profiled in turn this many times, and each op's time is the median: an
+#: op's slope is the difference of its two times, which one round leaves to the machine's
+#: drift between them (docs/accuracy.md, "Calibrating on a noisy machine")
+ROUNDS = 5
 
 
 def calibrate(
@@ -44,14 +50,8 @@ def calibrate(
         raise UserError(f"calibrating needs a size of at least 2 (it profiles {size} and half)")
     sizes = (size // 2, size)
     device = current_device()
-    captures, times, walls = [], [], []
-    for n in sizes:
-        if on_stage:
-            on_stage(f"profiling at {n}")
-        captures.append(capture_at(n))
-        seconds, wall = _op_seconds(captures[-1], steps)
-        times.append(seconds)
-        walls.append(wall)
+    captures = [capture_at(n) for n in sizes]
+    times, walls = _rounds(captures, sizes, steps, on_stage)
     if on_stage:
         on_stage("measuring the host link")
     link = probe_link(device)
@@ -73,6 +73,33 @@ def calibrate(
         compute=_compute(device, base),
         memory_bytes=base.memory_bytes if base else None,  # only a preset the user named
     )
+
+
+def _rounds(
+    captures: list[Captured],
+    sizes: tuple[int, int],
+    steps: int,
+    on_stage: Callable[[str], None] | None,
+) -> tuple[list[dict[str, float]], list[float]]:
+    """Each op's seconds and the step's wall time at each size: the median over `ROUNDS`
+    rounds that profile the two sizes in turn, so that the machine's drift over the
+    calibration (clock, other load) falls on both sizes alike rather than on their
+    difference, which each op's slope is."""
+    runs: list[list[tuple[dict[str, float], float]]] = [[] for _ in sizes]
+    for r in range(ROUNDS):
+        for i, captured in enumerate(captures):
+            if on_stage:
+                on_stage(f"profiling at {sizes[i]} (round {r + 1} of {ROUNDS})")
+            runs[i].append(_op_seconds(captured, steps))
+    times = [_medians([seconds for seconds, _ in got]) for got in runs]
+    walls = [statistics.median(wall for _, wall in got) for got in runs]
+    return times, walls
+
+
+def _medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each op's median over the rounds (0 in a round it did not run in)."""
+    names = {name for r in rounds for name in r}
+    return {name: statistics.median(r.get(name, 0.0) for r in rounds) for name in names}
 
 
 def _op_points(

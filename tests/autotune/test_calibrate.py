@@ -128,3 +128,29 @@ def test_a_profile_that_lacks_the_steps_ops_says_so_and_from_which_tensorflow(
     said = " ".join(r.getMessage() for r in caplog.records)
     assert f"0 ops from their own calibration, {len(cap.graph.ops)} from Grappler's" in said
     assert "taken with TensorFlow 2.0.0" in said
+
+
+def test_the_two_sizes_are_profiled_in_turn_and_each_op_takes_its_median(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`ROUNDS` rounds, each profiling the smaller size then the larger: a slow spell of the
+    machine falls on both sizes, and an op's time (and the step's) at a size is its median
+    over the rounds, so one slow round moves neither."""
+    from autotune.run import calibrate
+
+    calls: list[str] = []
+    slow = {("a", 2)}  # the third profile of size a: a slow spell
+
+    def profiled(captured: str, steps: int) -> tuple[dict[str, float], float]:
+        k = calls.count(captured)
+        calls.append(captured)
+        scale = 10.0 if (captured, k) in slow else 1.0
+        base = 1.0 if captured == "a" else 2.0
+        return {"op": base * scale, "only_in_a": 0.5} if captured == "a" else {"op": base}, base
+
+    monkeypatch.setattr(calibrate, "ROUNDS", 5)
+    monkeypatch.setattr(calibrate, "_op_seconds", profiled)
+    times, walls = calibrate._rounds(["a", "b"], (8, 16), 3, None)  # type: ignore[list-item]
+    assert calls == ["a", "b"] * 5
+    assert times == [{"op": 1.0, "only_in_a": 0.5}, {"op": 2.0}]
+    assert walls == [1.0, 2.0]
