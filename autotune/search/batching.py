@@ -258,27 +258,10 @@ def _limit(outcomes: dict[int, Outcome], best: int, budget: Budget) -> str:
     return (budget.limit(nearest) or "device memory") if nearest else "device memory"
 
 
-def largest_batches(
-    steps: Steps,
-    budget: Budget,
-    *,
-    trials: int,
-    seed: int,
-    methods: tuple[str, ...] = METHODS,
-    on_probe: Callable[[str, int], None] | None = None,
-    tuned_later: tuple[str, ...] = (),
-    recompute: str = "search",
-    on_expect: Callable[[int], None] | None = None,
-) -> dict[str, BatchSearch]:
-    """The largest batch of every method; the others search above the no-swap batch. The
-    methods `tuned_later` (by the caller, at their batch) get no full outcome there.
-    `on_expect(n)` is told how many more probes to expect (for a progress bar's total): at
-    most `max_probes` a method at first, then fewer by those a search did not need. The
-    `ASIDE` method is searched in a worker process meanwhile (`autotune.search.aside`)."""
-    here, beside = largest_batches_beside(
-        steps, budget, trials=trials, seed=seed, methods=methods, on_probe=on_probe,
-        tuned_later=tuned_later, recompute=recompute, on_expect=on_expect,
-    )  # fmt: skip
+def largest_batches(steps: Steps, budget: Budget, **search: Any) -> dict[str, BatchSearch]:
+    """The largest batch of every method (`search`: `largest_batches_beside`'s options), the
+    `ASIDE` method's search in its worker waited for."""
+    here, beside = largest_batches_beside(steps, budget, **search)
     return beside.joined(here)
 
 
@@ -294,9 +277,12 @@ def largest_batches_beside(
     recompute: str = "search",
     on_expect: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, BatchSearch], Beside]:
-    """`largest_batches` without waiting for the `ASIDE` method's search in its worker: the
-    largest batches of the methods searched here, and the search beside them (`Beside`:
-    its `joined` waits for it, `stop` ends it; the caller must call one)."""
+    """The largest batch of every method but the `ASIDE` one, and that one's search, run in a
+    worker process meanwhile (`Beside`: its `joined` waits for it, `stop` ends it; the caller
+    must call one). The others search above the no-swap batch; the methods `tuned_later` (by
+    the caller, at their batch) get no full outcome there. `on_expect(n)` is told how many
+    more probes to expect (for a progress bar's total): at most `max_probes` a method at
+    first, then fewer by those a search did not need."""
     ceiling = largest_possible(steps, budget)
     expect = on_expect or (lambda n: None)
     expect(sum(max_probes(2, ceiling, m) for m in {"no swapping", *methods}))

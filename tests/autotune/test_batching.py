@@ -274,11 +274,13 @@ def test_fit_ends_the_search_beside_when_its_tuning_is_interrupted(
     steps: StepFamily, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`fit(max_batch=True)` tunes ours while random search's worker goes on: an interrupt
-    there ends the worker too, before it is raised."""
+    there stops the worker too (whether or not its search had ended by then), before it is
+    raised."""
     from autotune.search import batching, tuning
     from autotune.search.aside import Aside
 
     started: list[Aside] = []
+    stopped: list[Aside] = []
 
     class Watched(Aside):
         @classmethod
@@ -288,11 +290,15 @@ def test_fit_ends_the_search_beside_when_its_tuning_is_interrupted(
                 started.append(side)
             return side
 
+        def stop(self) -> None:
+            stopped.append(self)
+            super().stop()
+
     def captured_never(batch: int | None) -> Any:
         raise AssertionError("the family is given: nothing is captured")
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
-        assert started and started[0].process.poll() is None  # still searching
+        assert started and not stopped  # not waited for before ours is tuned
         raise KeyboardInterrupt
 
     monkeypatch.setattr(batching, "Aside", Watched)
@@ -304,7 +310,8 @@ def test_fit_ends_the_search_beside_when_its_tuning_is_interrupted(
             tuning.Progress(False), trials=50, seed=0, storage="sqlite://", objectives=1,
             recompute="search",
         )  # fmt: skip
-    assert len(started) == 1 and started[0].process.poll() is not None
+    assert len(started) == 1 and stopped == started
+    assert started[0].process.poll() is not None
 
 
 def test_a_failure_beside_is_one_error_here(steps: StepFamily) -> None:
