@@ -290,9 +290,8 @@ def _predicted_peaks(
     planned = planned_graph(captured, tuned.plan)
     predicted = predicted_peak(planned, tuned.plan, on_cpu)
     base = predicted_peak(planned_graph(captured, SwapPlan()), SwapPlan(), on_cpu)
-    if not reads_regrouped(captured.graph, tuned.plan):
-        return predicted, base, None
-    return predicted, base, as_run_peak(captured, tuned, device, planned)
+    regrouped = reads_regrouped(captured.graph, tuned.plan)
+    return predicted, base, as_run_peak(captured, tuned, device, planned) if regrouped else None
 
 
 def _dry_run_gating(captured: Captured, plan: SwapPlan, inputs: list[Any]) -> Any:
