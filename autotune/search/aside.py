@@ -6,7 +6,9 @@ process while it searches the others itself. The worker is a fresh interpreter
 (`autotune.search.workers`: no TensorFlow, no forked threads, and not the user's script run
 again) given the step's family without its engines; it reports its probes, for the progress
 bar, and its result over a pipe. Its result is the one the search gives in this process: the
-same engines, seeds and trials.
+same engines, seeds and trials. `fit` does not wait for it once the others are searched: it
+tunes ours at its batch meanwhile (`Beside`, from `largest_batches_beside`), and its probes
+then leave the progress bar.
 """
 
 from __future__ import annotations
