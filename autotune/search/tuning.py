@@ -52,7 +52,7 @@ from rewriter.capture import Captured
 from rewriter.replicas import Distributed
 from simulator import DevicePreset, get_preset
 from simulator.derive import PlanParams
-from simulator.engine import Engine
+from simulator.engine import Engine, Evaluation
 from simulator.errors import UserError
 from simulator.memory import fewer_collections
 
@@ -124,9 +124,6 @@ def tune_captured(
         if captured is not None and len(captured.replicas) < 2 and ours.best is not None:
             best, as_run = confirmed(captured, engine, budget, study, best)
             outcomes["ours"] = replace(ours, best=best)
-    unordered = None
-    if best.plan.order_edges or best.plan.serial_loops:  # what they save: parameters without
-        unordered = engine.evaluate(replace(best.params, serialize=False)).peak_bytes
     device = engine.device or get_preset(DEFAULT_DEVICE)
     return TuningResult(
         batch_size,
@@ -141,11 +138,19 @@ def tune_captured(
         captured.trace_seconds if captured is not None else 0.0,
         TrainingStep(captured, best.plan, best.params, device, batch_size, later=later),
         engine.time_bound(budget.bytes),
-        unordered_peak_bytes=unordered,
+        unordered_peak_bytes=_unordered_peak(engine, best),
         graph=engine.graph,
         backward_op=engine.order.ops[engine.backward_start] if engine.context.flow else None,
         as_run_peak_bytes=as_run,
     )
+
+
+def _unordered_peak(engine: Engine, best: Evaluation) -> int | None:
+    """What `best`'s order edges and serial loops save: its parameters' peak without them
+    (None where it has neither)."""
+    if not (best.plan.order_edges or best.plan.serial_loops):
+        return None
+    return engine.evaluate(replace(best.params, serialize=False)).peak_bytes
 
 
 def _finished(study: Any) -> int:
