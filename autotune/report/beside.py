@@ -38,26 +38,26 @@ class CurveBeside:
     def __init__(self, args: tuple[Any, Any, int], maxima: tuple[int, int]) -> None:
         self.engine_at, self.params, self.budget_bytes = args
         self.maxima = maxima
-        self.grid = batch_grid(*maxima)
-        self.left = deque(self.grid)  # sizes no one has taken, smallest first
+        self.left = deque(batch_grid(*maxima))  # sizes no one has taken, smallest first
         self.rows: dict[int, CurvePoint] = {}
         self.given: int | None = None  # the size the worker has
-        self.reported: list[int] = []  # sizes done by the worker, not yet told to `on_point`
-        self.by_worker: list[int] = []  # every size the worker computed
+        self.by_worker: list[int] = []  # every size the worker computed, in turn
+        self.told = 0  # how many of them `on_point` was told
         self.worker: Worker | None = None
         self._changed = threading.Condition()
 
     @classmethod
     def start(
         cls, steps: Any, params: Any, budget_bytes: int, max_no_swap: int, max_tuned: int
-    ) -> CurveBeside:
-        """The curve's sizes; a worker is started for them where `steps` is a `StepFamily`
-        and this machine has another core (else `curve` computes them all here)."""
+    ) -> CurveBeside | None:
+        """The curve's sizes with a worker started for them; None where `steps` is not a
+        `StepFamily`, this machine has one core or no worker starts (`plots.batch_curve`
+        then computes them all here)."""
         from autotune.search.families import StepFamily
 
-        beside = cls((steps.engine, params, budget_bytes), (max_no_swap, max_tuned))
         if (os.cpu_count() or 1) < 2 or not isinstance(steps, StepFamily):
-            return beside
+            return None
+        beside = cls((steps.engine, params, budget_bytes), (max_no_swap, max_tuned))
         tuned = steps.engine(max(max_tuned, 2))
         tuned.serialized()  # its order edges go with it
         try:
@@ -66,21 +66,18 @@ class CurveBeside:
             )
             beside.worker = Worker.start(_COMMAND, payload, beside._answer, quiet=True)
         except (OSError, pickle.PicklingError, TypeError, AttributeError):
-            beside.worker = None  # computed here
+            return None
         return beside
 
     def curve(self, on_point: Callable[[int], None] | None = None) -> BatchCurve:
         """Every size's point (this process's share from the largest down, then the worker's
         last one, or what it left); `on_point(b)` is told each size, in this thread."""
         tell = on_point or (lambda b: None)
-        tuned_at = self.engine_at(max(self.maxima[1], 2))
         try:
             while (b := self._take()) is not None:
                 self._tell(tell)
                 tell(b)
-                row = curve_point(self.engine_at, tuned_at, self.params, self.budget_bytes, b)
-                with self._changed:
-                    self.rows[b] = row
+                self._here(b)
             self._wait(tell)
         finally:
             self.stop()
@@ -95,24 +92,30 @@ class CurveBeside:
         with self._changed:
             return self.left.pop() if self.left else None
 
+    def _here(self, b: int) -> None:
+        """Size `b`'s point, computed in this process."""
+        tuned_at = self.engine_at(max(self.maxima[1], 2))
+        row = curve_point(self.engine_at, tuned_at, self.params, self.budget_bytes, b)
+        with self._changed:
+            self.rows[b] = row
+
     def _wait(self, tell: Callable[[int], None]) -> None:
         """Wait for the worker's size in hand; if it died, compute what it had here."""
         while True:
             with self._changed:
                 if self.given is None:
                     return
-                alive = self.worker is not None
-                if alive:
+                if self.worker is not None:  # alive
                     self._changed.wait(_POLL)
                     continue
                 b, self.given = self.given, None
             tell(b)
-            tuned_at = self.engine_at(max(self.maxima[1], 2))
-            self.rows[b] = curve_point(self.engine_at, tuned_at, self.params, self.budget_bytes, b)
+            self._here(b)
 
     def _tell(self, tell: Callable[[int], None]) -> None:
+        """Tell `tell` the sizes the worker computed since it was last told."""
         with self._changed:
-            done, self.reported = self.reported, []
+            done, self.told = self.by_worker[self.told :], len(self.by_worker)
         for b in done:
             tell(b)
 
@@ -124,7 +127,6 @@ class CurveBeside:
             elif message != _READY:
                 b, row = message
                 self.rows[b], self.given = row, None
-                self.reported.append(b)
                 self.by_worker.append(b)
             if self.worker is not None and self.given is None and self.left:
                 self.given = self.left.popleft()

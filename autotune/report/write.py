@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
+    from autotune.report.plots import BatchCurve
     from autotune.search.tuning import TuningResult
 
 __all__ = [
@@ -116,9 +117,8 @@ def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, 
         beside = CurveBeside.start(tuned.steps, tuned.params, tuned.budget.bytes, *maxima)
     try:
         out = _other_figures(tuned)
-        if beside is not None:
-            curve = beside.curve(on_point=lambda b: bars.stage(f"peak against size: {b}"))
-            out["batch_curve"] = plots.render_batch_curve(curve)
+        if maxima is not None:
+            out["batch_curve"] = plots.render_batch_curve(_curve(tuned, maxima, beside, bars))
     finally:
         if beside is not None:
             beside.stop()
@@ -126,6 +126,22 @@ def figures(tuned: TuningResult, progress: Progress | None = None) -> dict[str, 
     if tuned.verification is not None:
         out["verification"] = plots.render_verification(tuned.verification)
     return out
+
+
+def _curve(
+    tuned: TuningResult, maxima: tuple[int, int], beside: CurveBeside | None, bars: Progress
+) -> BatchCurve:
+    """The batch curve: shared with the worker `beside`, or all computed here without one."""
+    from autotune.report import plots
+
+    def told(b: int) -> None:
+        bars.stage(f"peak against size: {b}")
+
+    if beside is not None:
+        return beside.curve(on_point=told)
+    return plots.batch_curve(
+        tuned.steps.engine, tuned.params, tuned.budget.bytes, *maxima, on_point=told
+    )
 
 
 def _other_figures(tuned: TuningResult) -> dict[str, Figure]:
