@@ -364,7 +364,7 @@ def _fit_max_batch(
     # ours is tuned at its batch while the search beside (random search's) goes on: neither
     # depends on the other, and this process would otherwise wait for it
     beside.hidden()
-    try:
+    try:  # an error or an interrupt here ends the worker too
         best = here["ours"].batch or here["no swapping"].batch
         if best == 0:
             check_budget(steps.engine(2), budget)
@@ -378,10 +378,9 @@ def _fit_max_batch(
             None, engine, budget, name=name, batch_size=best, progress=bars,
             later=lambda: capture_at(best), **opts,
         )  # fmt: skip
-    except BaseException:
+        batches = beside.joined(here)
+    finally:
         beside.stop()
-        raise
-    batches = beside.joined(here)
     tuned.batches = with_tuned_ours(
         batches,
         tuned.outcomes.get("ours"),
