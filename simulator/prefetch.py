@@ -67,17 +67,16 @@ def prefetch(
     limit: int,
     link: Link,
     backward_start: int,
+    levels: list[int],
     backward: frozenset[str] = frozenset(),
-    levels: list[int] | None = None,
 ) -> tuple[SwapPlan, np.ndarray]:
     """`plan` with its swap-ins triggered earlier where `live` (bytes per step) has room under
     `limit` (see the module's docstring), and the live bytes it counts for that plan (`live`
     with each moved or kept copy added where it now lives); `backward_start` is the first
-    step of the backward, `backward` its ops; `levels`, `trigger_levels` of the graph and
-    the timeline's order, if the caller keeps them."""
+    step of the backward, `levels` the `trigger_levels` of the graph and the timeline's
+    order, `backward` the backward pass's ops."""
     order = timeline.order
     pos = order.position
-    levels = trigger_levels(graph, order) if levels is None else levels
     reads = plan.first_reads(pos)
     items = sorted(
         (reads[swap.tensor, k], i, k)

@@ -133,11 +133,11 @@ def prefetched(
         plan, live = postpone_waits(graph, timeline, plan, live, limit, link, backward, gates)
     start, levels = engine.backward_start, engine.trigger_levels
     if not any(graph.tensors[s.tensor].producer in backward for s in plan.swaps):
-        moved, counted = prefetch(graph, timeline, plan, live, limit, link, start, backward, levels)
+        moved, counted = prefetch(graph, timeline, plan, live, limit, link, start, levels, backward)
         return Planned(moved, live=counted)
     room = limit
     for _ in range(PREFETCH_ROUNDS):
-        moved, _ = prefetch(graph, timeline, plan, live, room, link, start, backward, levels)
+        moved, _ = prefetch(graph, timeline, plan, live, room, link, start, levels, backward)
         result = engine.simulate_bare(moved, link)
         peak = result.memory.live_peak_bytes
         if peak <= limit:
