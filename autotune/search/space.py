@@ -78,6 +78,16 @@ def _moves(draw: Draw, x: Any) -> list[Any]:
     return [draw.values[max(i - 1, 0)], draw.values[min(i + 1, len(draw.values) - 1)]]
 
 
+def _sorted(params: dict[str, Any], moved: dict[str, Any]) -> dict[str, Any]:
+    """`moved` (a move from `params`) with each parameter drawn under its lower end (unsorted,
+    as `ub` under `lb`) taking that end along: `lb` follows `ub` down."""
+    for param, draw in _DRAWN:
+        name = param.name
+        if draw.below and params.get(name, 1) < params.get(draw.below, 1):
+            moved = {**moved, draw.below: min(moved[draw.below], moved[name])}
+    return moved
+
+
 def check_recompute(recompute: str) -> str:
     """`recompute` if it is one of RECOMPUTE_CHOICES, else a UserError."""
     if recompute not in RECOMPUTE_CHOICES:
@@ -271,11 +281,31 @@ class Space:
                     value = min(max(value, low), high)
                 if value != params[key]:
                     out.append({**params, key: value})
-        for param, draw in _DRAWN:  # drawn under its lower end (unsorted): that one follows
-            name = param.name
-            if draw.below and params.get(name, 1) < params.get(draw.below, 1):
-                out = [{**q, draw.below: min(q[draw.below], q[name])} for q in out]
-        return [self._with_backward(q) for q in out]
+        return [self._with_backward(_sorted(params, q)) for q in out]
+
+    def beyond(self, best: dict[str, Any], tie: dict[str, Any]) -> dict[str, Any] | None:
+        """Where a move from `best` that changed nothing leads on: `tie` differs from `best` on
+        one axis and scored the same, so that axis is flat there; the trial two moves past
+        `tie`, away from `best`, on that axis (None if they differ otherwise, or the range
+        ends at `tie`). A pattern search stepping one move at a time never leaves a plateau
+        that is wider than its move (a threshold that changes no plan until 8 levels)."""
+        keys = [k for k in best.keys() | tie.keys() if best.get(k) != tie.get(k)]
+        if len(keys) != 1 or keys[0] not in best or keys[0] not in tie:
+            return None
+        (key,) = keys
+        name = next((n for n in MOVES if _key_of(n, _DRAWS[n]) == key), None)
+        if name is None or _DRAWS[name].move == "flip":
+            return None
+        draw, value, up = _DRAWS[name], tie[key], tie[key] > best[key]
+        low, high = self._range(draw)
+        for _ in range(2):
+            far = [v for v in _moves(draw, value) if (v > value if up else v < value)]
+            if not far:
+                break
+            value = max(far) if up else min(far)
+            if draw.kind != "choice":
+                value = min(max(value, low), high)
+        return None if value == tie[key] else _sorted(tie, {**tie, key: value})
 
     def _with_backward(self, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with `backward_swaps` where every candidate is swapped, and only there."""

@@ -85,7 +85,10 @@ class Refine:
     """An Optuna callback: once `after` trials have finished and no trial is queued, queue the
     untried `Space.neighbours` of the fastest plan that fits (a pattern search: where the
     budget leaves a small feasible region, as at the largest batches, TPE rarely samples it).
-    It reads everything from the study, so a resumed study refines where it stopped."""
+    First it goes on along the move that made that plan, and past its ties (`Space.beyond`:
+    a neighbour that scored the same shows a flat axis); moves that did worse from the last
+    best go last (`_Walk`). It reads everything from the study, so a resumed study refines
+    where it stopped."""
 
     space: Space
     after: int
@@ -106,15 +109,58 @@ class Refine:
         left = self.total - len(done) - running  # other workers' trials finish too
         if len(done) < self.after or left <= 0 or any(t.state == waiting for t in trials):
             return
-        fits = [t for t in done if max(constraints(t)) <= 0]
-        if not fits:
+        walk = _Walk(done)
+        if walk.best is None:
             return
-        best = min(fits, key=lambda t: (t.values[0], t.user_attrs["peak_bytes"]))
-        seen = {_key(t.params) for t in trials}
-        swapped = best.user_attrs.get("swapped_tensors")
-        untried = {_key(p): p for p in self.space.neighbours(best.params, swapped)}
+        best, seen = walk.best, {_key(t.params) for t in trials}
+        further = [self.space.beyond(b.params, t.params) for b, t in walk.pattern()]
+        near = self.space.neighbours(best.params, best.user_attrs.get("swapped_tensors"))
+        near.sort(key=lambda p: _moved(best.params, p) in walk.failed)  # stable: MOVES' order
+        untried = {_key(p): p for p in [p for p in further if p is not None] + near}
         for params in [p for k, p in untried.items() if k not in seen][: min(left, REFINE_BATCH)]:
             study.enqueue_trial(params)
+
+
+class _Walk:
+    """The pattern search's walk so far, read from the finished trials in their order: the
+    best plan that fits (fastest, then lowest peak), the best before it, the trials that
+    scored the same as it, and the moves whose last try from the best of its time did no
+    better (or did not fit), which are queued last from the next best, as they likely fail
+    again."""
+
+    def __init__(self, done: list[Any]) -> None:
+        self.best: Any = None
+        self.before: Any = None
+        last: dict[tuple[str, bool], bool] = {}
+        for t in sorted(done, key=lambda t: t.number):
+            fits = max(constraints(t)) <= 0
+            if self.best is not None and t.system_attrs.get("fixed_params"):
+                move = _moved(self.best.params, t.params)
+                if move is not None:
+                    last[move] = not fits or _score(t) >= _score(self.best)
+            if fits and (self.best is None or _score(t) < _score(self.best)):
+                self.before, self.best = self.best, t
+        self.failed = {move for move, worse in last.items() if worse}
+        fitting = [t for t in done if max(constraints(t)) <= 0]
+        self.ties = [t for t in fitting if t is not self.best and _score(t) == _score(self.best)]
+
+    def pattern(self) -> list[tuple[Any, Any]]:
+        """The pairs (from, to) along which the search goes on past `to` (`Space.beyond`): the
+        move that made the best (a pattern move), then each move to a tie of the best."""
+        pairs = [(self.before, self.best)] if self.before is not None else []
+        return pairs + [(self.best, t) for t in self.ties]
+
+
+def _moved(base: dict[str, Any], params: dict[str, Any]) -> tuple[str, bool] | None:
+    """The one axis `params` moved along from `base`, and whether up; parameters only one of
+    them has (drawn under a condition) do not count."""
+    keys = [k for k in base.keys() & params.keys() if base[k] != params[k]]
+    return (keys[0], params[keys[0]] > base[keys[0]]) if len(keys) == 1 else None
+
+
+def _score(trial: Any) -> tuple[float, int]:
+    """What the pattern search ranks fitting trials by: time, then peak."""
+    return trial.values[0], trial.user_attrs["peak_bytes"]
 
 
 def _key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

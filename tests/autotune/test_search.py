@@ -378,10 +378,25 @@ def test_ours_moves_from_its_best_plan_one_axis_at_a_time(engine) -> None:  # ty
     space = Space.of(engine, budget_bytes=budget.bytes)
     moves = [t for t in trials[len(space.starts()) :] if t.system_attrs.get("fixed_params")]
     assert moves and all(t.number >= 30 * REFINE_AFTER for t in moves)
-    for t in moves:  # each is a neighbour of a plan that fit before it
+    for t in moves:  # a neighbour of a plan that fit before it, or past two such plans
         earlier = [e for e in trials[: t.number] if max(e.user_attrs["constraint"]) <= 0]
         near = [space.neighbours(e.params, e.user_attrs["swapped_tensors"]) for e in earlier]
-        assert any(t.params in n for n in near), t.params
+        past = [space.beyond(a.params, b.params) for a in trials[: t.number] for b in earlier]
+        assert any(t.params in n for n in near) or t.params in past, t.params
+
+
+def test_a_move_that_changed_nothing_leads_two_moves_on_along_its_axis() -> None:
+    space = Space(candidates=200, levels=300, budget_bytes=1 << 30)
+    base = {"n_tensors": 200, "lb": 1, "ub": 1, "threshold": 1, "sync_out": True,
+            "sync_lag": 16, "recompute": "cheap", "recompute_heavy": 0.0,
+            "backward_swaps": True}  # fmt: skip
+    assert space.beyond(base, {**base, "threshold": 2}) == {**base, "threshold": 8}
+    assert space.beyond(base, {**base, "sync_lag": 8}) == {**base, "sync_lag": 2}
+    assert space.beyond(base, {**base, "recompute_heavy": 0.25}) == {**base, "recompute_heavy": 1.0}
+    assert space.beyond(base, {**base, "ub": 256}) == {**base, "ub": 300}  # the range ends
+    assert space.beyond(base, {**base, "ub": 300}) is None
+    assert space.beyond(base, {**base, "backward_swaps": False}) is None  # a flip has no "on"
+    assert space.beyond(base, {**base, "ub": 2, "threshold": 2}) is None  # two axes
 
 
 @pytest.mark.tf

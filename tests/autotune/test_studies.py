@@ -126,3 +126,39 @@ def test_only_a_sqlite_file_gets_a_queue_lock(tmp_path: Path) -> None:
     assert queue_lock("postgresql://u@h/db") is contextlib.nullcontext
     with queue_lock(f"sqlite:///{tmp_path / 's.db'}")():
         assert (tmp_path / "s.db.queue.lock").exists()
+
+
+class _LineSpace:
+    """Moves one unit along x or y; on past two trials, twice the step between them."""
+
+    def neighbours(self, params: dict[str, float], _swapped: object) -> list[dict[str, float]]:
+        x, y = params["x"], params["y"]
+        return [{"x": x, "y": y - 1}, {"x": x, "y": y + 1}, {"x": x + 1, "y": y}]
+
+    def beyond(self, a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+        return {k: b[k] + 2 * (b[k] - a[k]) for k in b}
+
+
+def _tried(study, x: float, y: float, value: float, queued: bool = True) -> None:  # type: ignore[no-untyped-def]
+    dist = optuna.distributions.FloatDistribution(-10, 10)
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"x": x, "y": y},
+            distributions={"x": dist, "y": dist},
+            value=value,
+            user_attrs={"constraint": [-1.0], "peak_bytes": 1},
+            system_attrs={"fixed_params": {"x": x, "y": y}} if queued else {},
+        )
+    )
+
+
+def test_refining_goes_on_past_its_best_move_and_its_ties_and_tries_failed_moves_last() -> None:
+    study = optuna.create_study()
+    _tried(study, 5, 5, 10.0, queued=False)
+    _tried(study, 5, 4, 12.0)  # y down did worse
+    _tried(study, 6, 5, 9.0)  # x up made the best
+    _tried(study, 6, 3, 9.0)  # from it, y down changed nothing
+    Refine(_LineSpace(), after=1, total=20)(study, None)  # type: ignore[arg-type]
+    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    queued = [t.system_attrs["fixed_params"] for t in waiting]
+    assert [(q["x"], q["y"]) for q in queued] == [(8, 5), (6, -1), (6, 6), (7, 5)]
