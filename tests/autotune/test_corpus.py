@@ -76,6 +76,9 @@ def test_an_original_that_differs_from_itself_makes_exact_not_applicable() -> No
     # tuned halfway up when the search found no plan at the usual share: said in the cell
     halfway = _exact_cell({**row, "exact": True, "exact_share": 0.65})
     assert halfway == "yes (tuned 65% of the way up)"
+    # a plan that only orders the step tests no rewrite: said, not counted as exact
+    nothing = _exact_cell({**row, "exact": True, "exact_rewrites": 0})
+    assert nothing == "untested (the plan swaps and recomputes nothing)"
 
 
 def test_each_member_runs_in_a_fresh_process_with_one_inter_op_thread(monkeypatch) -> None:  # type: ignore[no-untyped-def]
