@@ -79,6 +79,8 @@ def test_an_original_that_differs_from_itself_makes_exact_not_applicable() -> No
     # a plan that only orders the step tests no rewrite: said, not counted as exact
     nothing = _exact_cell({**row, "exact": True, "exact_rewrites": 0})
     assert nothing == "untested (the plan swaps and recomputes nothing)"
+    least = _exact_cell({**row, "exact": True, "exact_rewrites": 9, "exact_least_memory": True})
+    assert least == "yes (the least-memory plan: the tuned one swaps nothing)"
 
 
 def test_each_member_runs_in_a_fresh_process_with_one_inter_op_thread(monkeypatch) -> None:  # type: ignore[no-untyped-def]
