@@ -288,7 +288,7 @@ class Space:
         one axis and scored the same, so that axis is flat there; the trial two moves past
         `tie`, away from `best`, on that axis (None if they differ otherwise, or the range
         ends at `tie`). A pattern search stepping one move at a time never leaves a plateau
-        that is wider than its move (a threshold that changes no plan until 8 levels)."""
+        wider than its move (docs/method.md, "Search")."""
         keys = [k for k in best.keys() | tie.keys() if best.get(k) != tie.get(k)]
         if len(keys) != 1 or keys[0] not in best or keys[0] not in tie:
             return None
