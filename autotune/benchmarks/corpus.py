@@ -180,7 +180,6 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
     from autotune.run.measure import example_tensors
     from autotune.search.core import LEAST_MEMORY_ORDERED
     from autotune.search.result import NoFitError
-    from rewriter.apply import apply_plan
     from simulator import get_preset
     from simulator.derive import PlanParams
 
@@ -203,12 +202,7 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
             break
     if tuned is None:
         raise NoFitError(f"no plan fits the small variant even {share:.0%} of the way up")
-    plan, step = tuned.plan, tuned
-    if not (plan.swaps or plan.recomputes):  # swapping lowers no peak of the small variant:
-        # the least-memory plan, which swaps every candidate, is what is compared instead
-        least_memory = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=batch)
-        plan = build_engine(least_memory, get_preset(DEVICE)).evaluate(LEAST_MEMORY_ORDERED).plan
-        step = apply_plan(least_memory, plan)
+    plan, step = _rewriting(tuned, b, batch)
     inputs = example_tensors(original.specs, seed=7)
     original.concrete_function(*inputs)
     again.concrete_function(*inputs)
@@ -228,6 +222,22 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
         "exact_fits": tuned.fits,
         "exact_share": share,
     }
+
+
+def _rewriting(tuned: Any, twin: Any, batch: int) -> tuple[Any, Any]:
+    """The plan and step the exactness check runs: `tuned`'s, or, where it swaps and
+    recomputes nothing (order edges alone reach lower on the small variant), the
+    least-memory plan's, which swaps every candidate, built on `twin`."""
+    from autotune.api import build_engine, capture
+    from autotune.search.core import LEAST_MEMORY_ORDERED
+    from rewriter.apply import apply_plan
+    from simulator import get_preset
+
+    if tuned.plan.swaps or tuned.plan.recomputes:
+        return tuned.plan, tuned
+    least = capture(twin.model, loss=twin.loss, optimizer=twin.optimizer, batch_size=batch)
+    plan = build_engine(least, get_preset(DEVICE)).evaluate(LEAST_MEMORY_ORDERED).plan
+    return plan, apply_plan(least, plan)
 
 
 def _exact_cell(r: dict[str, Any]) -> str:
