@@ -85,10 +85,12 @@ class Refine:
     """An Optuna callback: once `after` trials have finished and no trial is queued, queue the
     untried `Space.neighbours` of the fastest plan that fits (a pattern search: where the
     budget leaves a small feasible region, as at the largest batches, TPE rarely samples it).
-    First it goes on along the move that made that plan, and past its ties (`Space.beyond`:
-    a neighbour that scored the same shows a flat axis); moves that did worse from the last
-    best go last (`_Walk`). It reads everything from the study, so a resumed study refines
-    where it stopped."""
+    First it goes on along the move that made that plan (a pattern move, `Space.beyond`);
+    the moves that did no better from the last best come after the other neighbours
+    (`_Walk`); last, it goes on past each neighbour that scored the same as the plan (a flat
+    axis). Queued before the neighbours, those steps across plateaus took the trials that
+    TPE's proposals used better on some steps (docs/method.md, "Search"). It reads everything
+    from the study, so a resumed study refines where it stopped."""
 
     space: Space
     after: int
@@ -113,10 +115,11 @@ class Refine:
         if walk.best is None:
             return
         best, seen = walk.best, {_key(t.params) for t in trials}
-        further = [self.space.beyond(b.params, t.params) for b, t in walk.pattern()]
+        on = [self.space.beyond(walk.before.params, best.params)] if walk.before else []
         near = self.space.neighbours(best.params, best.user_attrs.get("swapped_tensors"))
         near.sort(key=lambda p: _moved(best.params, p) in walk.failed)  # stable: MOVES' order
-        untried = {_key(p): p for p in [p for p in further if p is not None] + near}
+        past = [self.space.beyond(best.params, t.params) for t in walk.ties]
+        untried = {_key(p): p for p in [*on, *near, *past] if p is not None}
         for params in [p for k, p in untried.items() if k not in seen][: min(left, REFINE_BATCH)]:
             study.enqueue_trial(params)
 
@@ -125,8 +128,8 @@ class _Walk:
     """The pattern search's walk so far, read from the finished trials in their order: the
     best plan that fits (fastest, then lowest peak), the best before it, the trials that
     scored the same as it, and the moves whose last try from the best of its time did no
-    better (or did not fit), which are queued last from the next best, as they likely fail
-    again."""
+    better (or did not fit), which are queued after the other neighbours of the next best,
+    as they likely fail again."""
 
     def __init__(self, done: list[Any]) -> None:
         self.best: Any = None
@@ -143,12 +146,6 @@ class _Walk:
         self.failed = {move for move, worse in last.items() if worse}
         fitting = [t for t in done if max(constraints(t)) <= 0]
         self.ties = [t for t in fitting if t is not self.best and _score(t) == _score(self.best)]
-
-    def pattern(self) -> list[tuple[Any, Any]]:
-        """The pairs (from, to) along which the search goes on past `to` (`Space.beyond`): the
-        move that made the best (a pattern move), then each move to a tie of the best."""
-        pairs = [(self.before, self.best)] if self.before is not None else []
-        return pairs + [(self.best, t) for t in self.ties]
 
 
 def _moved(base: dict[str, Any], params: dict[str, Any]) -> tuple[str, bool] | None:
