@@ -24,6 +24,7 @@ __all__ = [
     "RECOMPUTE_ONLY",
     "Space",
     "check_recompute",
+    "moved",
 ]
 
 #: The plan that saves the most memory, with order edges and backward tensors swapped too: ours'
@@ -86,6 +87,13 @@ def _sorted(params: dict[str, Any], moved: dict[str, Any]) -> dict[str, Any]:
         if draw.below and params.get(name, 1) < params.get(draw.below, 1):
             moved = {**moved, draw.below: min(moved[draw.below], moved[name])}
     return moved
+
+
+def moved(base: dict[str, Any], params: dict[str, Any]) -> tuple[str, bool] | None:
+    """The one axis trial parameters `params` moved along from `base`, and whether up (None
+    if not one); parameters only one of them has (drawn under a condition) do not count."""
+    keys = [k for k in base.keys() & params.keys() if base[k] != params[k]]
+    return (keys[0], params[keys[0]] > base[keys[0]]) if len(keys) == 1 else None
 
 
 def check_recompute(recompute: str) -> str:
@@ -283,20 +291,20 @@ class Space:
                     out.append({**params, key: value})
         return [self._with_backward(_sorted(params, q)) for q in out]
 
-    def beyond(self, best: dict[str, Any], tie: dict[str, Any]) -> dict[str, Any] | None:
-        """Where a move from `best` that changed nothing leads on: `tie` differs from `best` on
-        one axis and scored the same, so that axis is flat there; the trial two moves past
-        `tie`, away from `best`, on that axis (None if they differ otherwise, or the range
-        ends at `tie`). A pattern search stepping one move at a time never leaves a plateau
-        wider than its move (docs/method.md, "Search")."""
-        keys = [k for k in best.keys() | tie.keys() if best.get(k) != tie.get(k)]
-        if len(keys) != 1 or keys[0] not in best or keys[0] not in tie:
+    def beyond(self, a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+        """The trial two moves past `b`, on from `a`, along the one axis `b` moved along from
+        `a` (None if they differ otherwise, the axis is a flip, or the range ends at `b`): on
+        past a move that paid (a pattern move), or past one that changed nothing, where a
+        pattern search stepping one move at a time would never leave a plateau wider than its
+        move (docs/method.md, "Search")."""
+        move = moved(a, b) if a.keys() == b.keys() else None
+        if move is None:
             return None
-        (key,) = keys
+        key, up = move
         name = next((n for n in MOVES if _key_of(n, _DRAWS[n]) == key), None)
         if name is None or _DRAWS[name].move == "flip":
             return None
-        draw, value, up = _DRAWS[name], tie[key], tie[key] > best[key]
+        draw, value = _DRAWS[name], b[key]
         low, high = self._range(draw)
         for _ in range(2):
             far = [v for v in _moves(draw, value) if (v > value if up else v < value)]
@@ -305,7 +313,7 @@ class Space:
             value = max(far) if up else min(far)
             if draw.kind != "choice":
                 value = min(max(value, low), high)
-        return None if value == tie[key] else _sorted(tie, {**tie, key: value})
+        return None if value == b[key] else _sorted(b, {**b, key: value})
 
     def _with_backward(self, params: dict[str, Any]) -> dict[str, Any]:
         """`params` with `backward_swaps` where every candidate is swapped, and only there."""

@@ -21,7 +21,7 @@ from autotune.search.objective import (
     lowest_peak,
     make_objective,
 )
-from autotune.search.space import Space
+from autotune.search.space import Space, moved
 from simulator.derive import PlanParams
 from simulator.engine import Engine
 
@@ -117,7 +117,7 @@ class Refine:
         best, seen = walk.best, {_key(t.params) for t in trials}
         on = [self.space.beyond(walk.before.params, best.params)] if walk.before else []
         near = self.space.neighbours(best.params, best.user_attrs.get("swapped_tensors"))
-        near.sort(key=lambda p: _moved(best.params, p) in walk.failed)  # stable: MOVES' order
+        near.sort(key=lambda p: moved(best.params, p) in walk.failed)  # stable: MOVES' order
         past = [self.space.beyond(best.params, t.params) for t in walk.ties]
         untried = {_key(p): p for p in [*on, *near, *past] if p is not None}
         for params in [p for k, p in untried.items() if k not in seen][: min(left, REFINE_BATCH)]:
@@ -135,24 +135,19 @@ class _Walk:
         self.best: Any = None
         self.before: Any = None
         last: dict[tuple[str, bool], bool] = {}
+        fitting = []
         for t in sorted(done, key=lambda t: t.number):
             fits = max(constraints(t)) <= 0
+            if fits:
+                fitting.append(t)
             if self.best is not None and t.system_attrs.get("fixed_params"):
-                move = _moved(self.best.params, t.params)
+                move = moved(self.best.params, t.params)
                 if move is not None:
                     last[move] = not fits or _score(t) >= _score(self.best)
             if fits and (self.best is None or _score(t) < _score(self.best)):
                 self.before, self.best = self.best, t
         self.failed = {move for move, worse in last.items() if worse}
-        fitting = [t for t in done if max(constraints(t)) <= 0]
         self.ties = [t for t in fitting if t is not self.best and _score(t) == _score(self.best)]
-
-
-def _moved(base: dict[str, Any], params: dict[str, Any]) -> tuple[str, bool] | None:
-    """The one axis `params` moved along from `base`, and whether up; parameters only one of
-    them has (drawn under a condition) do not count."""
-    keys = [k for k in base.keys() & params.keys() if base[k] != params[k]]
-    return (keys[0], params[keys[0]] > base[keys[0]]) if len(keys) == 1 else None
 
 
 def _score(trial: Any) -> tuple[float, int]:

@@ -397,6 +397,8 @@ def test_a_move_that_changed_nothing_leads_two_moves_on_along_its_axis() -> None
     assert space.beyond(base, {**base, "ub": 300}) is None
     assert space.beyond(base, {**base, "backward_swaps": False}) is None  # a flip has no "on"
     assert space.beyond(base, {**base, "ub": 2, "threshold": 2}) is None  # two axes
+    fewer = {k: v for k, v in base.items() if k != "sync_lag"}  # a parameter drawn in one only
+    assert space.beyond(base, {**fewer, "threshold": 2}) is None
 
 
 @pytest.mark.tf
