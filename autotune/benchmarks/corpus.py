@@ -202,7 +202,7 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
             break
     if tuned is None:
         raise NoFitError(f"no plan fits the small variant even {share:.0%} of the way up")
-    plan, step = _rewriting(tuned, b, batch)
+    plan, step = _rewriting(tuned)
     inputs = example_tensors(original.specs, seed=7)
     original.concrete_function(*inputs)
     again.concrete_function(*inputs)
@@ -224,20 +224,20 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
     }
 
 
-def _rewriting(tuned: Any, twin: Any, batch: int) -> tuple[Any, Any]:
+def _rewriting(tuned: Any) -> tuple[Any, Any]:
     """The plan and step the exactness check runs: `tuned`'s, or, where it swaps and
     recomputes nothing (order edges alone reach lower on the small variant), the
-    least-memory plan's, which swaps every candidate, built on `twin`."""
-    from autotune.api import build_engine, capture
+    least-memory plan's, which swaps every candidate, on the step `tuned` captured."""
+    from autotune.api import build_engine
     from autotune.search.core import LEAST_MEMORY_ORDERED
     from rewriter.apply import apply_plan
     from simulator import get_preset
 
     if tuned.plan.swaps or tuned.plan.recomputes:
         return tuned.plan, tuned
-    least = capture(twin.model, loss=twin.loss, optimizer=twin.optimizer, batch_size=batch)
-    plan = build_engine(least, get_preset(DEVICE)).evaluate(LEAST_MEMORY_ORDERED).plan
-    return plan, apply_plan(least, plan)
+    captured = tuned.captured
+    plan = build_engine(captured, get_preset(DEVICE)).evaluate(LEAST_MEMORY_ORDERED).plan
+    return plan, apply_plan(captured, plan)
 
 
 def _exact_cell(r: dict[str, Any]) -> str:
