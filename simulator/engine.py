@@ -28,6 +28,7 @@ from simulator import (
     categorized_order,
     compile_program,
     lower_bound_bytes,
+    reuse,
     simulate_plan,
 )
 from simulator.bounds import time_bound_seconds
@@ -47,7 +48,7 @@ from simulator.order_edges import Edge
 from simulator.prefetch import trigger_levels
 from simulator.refine import Finish, Planned, guarded, late_swaps, plan_of
 from simulator.replay import with_allocator
-from simulator.timing import Link
+from simulator.timing import Link, TimeResult, simulate_time
 
 __all__ = ["Engine", "Evaluation"]
 
@@ -89,9 +90,6 @@ class Evaluation:
         model)."""
         return self.result.time.waits() if self.result.time else None
 
-
-#: how many of plan derivation's simulations an engine keeps for reuse (`simulate_bare`)
-BARE_MEMO = 8
 
 #: order edges found for one batch are reused for the same step at a batch whose lower bound is
 #: within this factor: the edges that lower the peak change with the share of activations in it
@@ -339,7 +337,12 @@ class Engine:
         return RecomputePrice(self.cost, self.device.link)
 
     def _simulate(
-        self, plan: SwapPlan, link: Link | None, timed: bool, allocator: bool
+        self,
+        plan: SwapPlan,
+        link: Link | None,
+        timed: bool,
+        allocator: bool,
+        timing: TimeResult | None = None,
     ) -> PlanResult:
         return simulate_plan(
             self.program,
@@ -348,20 +351,30 @@ class Engine:
             timeline=self.timeline if timed else None,
             link=link,
             allocator=self.allocator() if allocator else None,
+            timing=timing,
         )
 
-    def simulate_bare(self, plan: SwapPlan, link: Link | None) -> PlanResult:
-        """`plan` simulated with the time model (given a `link`) and without the allocator, as
-        plan derivation reads it. Derivation's steps often simulate a plan another step has
-        (a prefetch that moved nothing, a guard's round that gave back nothing): the last
-        `BARE_MEMO` such simulations are kept."""
+    def timed(self, plan: SwapPlan, link: Link | None) -> TimeResult | None:
+        """The time model alone on `plan` (None without one or a `link`): a step of
+        derivation that keeps a plan only if it is faster reads this before simulating its
+        memory."""
+        if self.timeline is None or link is None:
+            return None
+        return simulate_time(self.graph, self.timeline, plan, link)
+
+    def simulate_bare(
+        self, plan: SwapPlan, link: Link | None, timing: TimeResult | None = None
+    ) -> PlanResult:
+        """`plan` simulated with the time model (given a `link`; `timing`, its result from
+        `timed`, if known) and without the allocator, as plan derivation reads it.
+        Derivation's steps often simulate a plan another step or evaluation has (a prefetch
+        that moved nothing, a guard's round that gave back nothing, a neighbour's plan without
+        its backward swaps): the last `reuse.BARE_MEMO` such simulations are kept."""
         key = (plan.swaps, plan.recomputes, plan.order_edges, plan.serial_loops, link)
-        got = self._bare.pop(key, None)
+        got = self._bare.get(key)
         if got is None:
-            got = self._simulate(plan, link, True, False)
-        self._bare[key] = got
-        while len(self._bare) > BARE_MEMO:
-            del self._bare[next(iter(self._bare))]
+            got = self._bare[key] = self._simulate(plan, link, True, False, timing)
+        reuse.keep(self._bare, key)
         return got if got.plan is plan else replace(got, plan=plan)
 
     def finish(

@@ -210,7 +210,10 @@ def released(
     for name in tried[:GUARD_RELEASES]:
         again = derived(engine, params, keep - {name}, late)
         moved = transplanted(engine, again, raw, plan)
-        made = engine.simulate_bare(moved, finish.link)
+        timing = engine.timed(moved, finish.link)
+        if timing is not None and timing.step_seconds >= _seconds(result):
+            continue  # not faster: its memory does not matter
+        made = engine.simulate_bare(moved, finish.link, timing)
         if not _may_win(made, limit, result):  # the allocator's peak is not below the live one
             continue
         got = finish(Planned(moved, made))

@@ -41,13 +41,15 @@ def simulate_plan(
     timeline: Timeline | None = None,
     link: Link | None = None,
     allocator: BFCModel | None = None,
+    timing: TimeResult | None = None,
 ) -> PlanResult:
     """Simulate `plan` on the lowered graph. With a `timeline` (per-op compute seconds in this
     schedule) and a `link`, the time model decides when
     each swapped-out device copy may be freed; without, copies are taken to be instant. With an
-    `allocator`, the reported peak is the one it reaches replaying the trace."""
+    `allocator`, the reported peak is the one it reaches replaying the trace. `timing`, the
+    time model's result for this plan, timeline and link if already known, is not made again."""
     with paused_gc():
-        return _simulate_plan(program, graph, plan, timeline, link, allocator)
+        return _simulate_plan(program, graph, plan, timeline, link, allocator, timing)
 
 
 def _simulate_plan(
@@ -57,9 +59,9 @@ def _simulate_plan(
     timeline: Timeline | None,
     link: Link | None,
     allocator: BFCModel | None,
+    timing: TimeResult | None,
 ) -> PlanResult:
-    timing = None
-    if timeline is not None and link is not None:
+    if timing is None and timeline is not None and link is not None:
         timing = simulate_time(graph, timeline, plan, link)
     lowered = lower_plan(program, graph, plan, timing.released if timing else None)
     memory = simulate_memory(lowered)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import simulator.engine
+import simulator.run
 from simulator import Graph, get_preset
 from simulator.derive import PlanParams
 from simulator.engine import Engine
@@ -69,3 +70,31 @@ def test_rounds_of_prefetching_report_the_last_rounds_plan() -> None:
     ev = engine.evaluate(p)
     fresh = engine.simulate(ev.plan)
     assert (ev.result.peak_bytes, ev.result.time) == (fresh.peak_bytes, fresh.time)
+
+
+def test_a_give_back_try_that_is_not_faster_is_not_simulated_for_memory(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tests.simulator.test_recompute import MIB, _raising_twice
+
+    g = _raising_twice()
+    # re-running a Mul and a Relu costs more than their copies over the link: the guard's
+    # tries to recompute them again are slower, whatever their memory
+    cost = {**dict.fromkeys(g.ops, 1e-3), "m": 1.0, "relu": 1.0, "m2": 1.0, "relu2": 1.0}
+    engine = Engine.build(g, device=get_preset("v100-16gb-nvlink2"), cost=cost)
+    params = PlanParams(ub=1, sync_out=True, recompute="cheap", limit=24 * MIB + 256)
+    lowered = []
+    real = simulator.run.lower_plan
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        lowered.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulator.run, "lower_plan", counted)
+    screened = engine.evaluate(params)
+    screened_lowerings = len(lowered)
+    engine._bare.clear()
+    lowered.clear()
+    monkeypatch.setattr(Engine, "timed", lambda *_: None)  # every try simulated in full
+    full = engine.evaluate(params)
+    assert screened.plan == full.plan and screened.result.time == full.result.time
+    assert screened.peak_bytes == full.peak_bytes and not full.plan.recomputes
+    assert screened_lowerings == len(lowered) - 2  # the two tries, neither given back
