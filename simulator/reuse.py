@@ -9,9 +9,7 @@ from typing import Any
 
 __all__ = ["BARE_MEMO", "keep"]
 
-#: how many simulations are kept, over all engines: the main job's 50 last trials (ResNet-50
-#: at 1147) made 423 simulations keeping 8 per engine, 377 keeping 64 and 331 keeping 128
-#: (docs/method.md, "Constants")
+#: how many simulations are kept, over all engines (docs/method.md, "Constants")
 BARE_MEMO = 64
 
 
