@@ -3,6 +3,7 @@ simulation of the plan it returns, however derivation got there, and a plan deri
 simulated is not simulated again."""
 
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,18 +41,23 @@ def test_an_evaluation_reports_the_simulation_of_the_plan_it_returns(
     assert ev.result.peak_bytes >= ev.result.memory.live_peak_bytes
 
 
-def test_a_plan_derivation_simulated_is_not_simulated_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    engine = _engine(held_gradient(), 1024.0)
-    link = engine.device.link if engine.device else None
-    plan = engine.evaluate(PlanParams(ub=1, sync_out=True)).plan
-    calls = []
-    real = simulator.engine.simulate_plan
+def _plans_passed(monkeypatch, module, name: str) -> list[Any]:  # type: ignore[no-untyped-def]
+    """The plans (third argument) `module.name` is called with from now on."""
+    calls, real = [], getattr(module, name)
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(args[2])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(simulator.engine, "simulate_plan", counted)
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_a_plan_derivation_simulated_is_not_simulated_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    engine = _engine(held_gradient(), 1024.0)
+    link = engine.device.link if engine.device else None
+    plan = engine.evaluate(PlanParams(ub=1, sync_out=True)).plan
+    calls = _plans_passed(monkeypatch, simulator.engine, "simulate_plan")
     first = engine.simulate_bare(plan, link)
     same = replace(plan, params={"another": "label"})  # the same swaps, another object
     again = engine.simulate_bare(same, link)
@@ -81,14 +87,7 @@ def test_a_give_back_try_that_is_not_faster_is_not_simulated_for_memory(monkeypa
     cost = {**dict.fromkeys(g.ops, 1e-3), "m": 1.0, "relu": 1.0, "m2": 1.0, "relu2": 1.0}
     engine = Engine.build(g, device=get_preset("v100-16gb-nvlink2"), cost=cost)
     params = PlanParams(ub=1, sync_out=True, recompute="cheap", limit=24 * MIB + 256)
-    lowered = []
-    real = simulator.run.lower_plan
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        lowered.append(args[2])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(simulator.run, "lower_plan", counted)
+    lowered = _plans_passed(monkeypatch, simulator.run, "lower_plan")
     screened = engine.evaluate(params)
     screened_lowerings = len(lowered)
     engine._bare.clear()
