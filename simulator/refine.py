@@ -202,8 +202,9 @@ def released(
 
     A try is one simulation: the plan derived without that tensor kept, its swaps that
     derivation left as they were given the swap-ins `plan` was prefetched to
-    (`transplanted`). Once the tries are done, if any gave a tensor back, the plan is also
-    derived and prefetched in full for what stays kept (`plan_of`), and taken if better."""
+    (`transplanted`), its memory walked only if the time model says it is faster. Once the
+    tries are done, if any gave a tensor back, the plan is also derived and prefetched in
+    full for what stays kept (`plan_of`), and taken if better."""
     tried = sorted(keep, key=lambda t: (-engine.graph.tensors[t].nbytes, t))
     limit, start = params.limit, keep
     raw = derived(engine, params, keep, late)
