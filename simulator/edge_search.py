@@ -1,6 +1,7 @@
 """The order edges an engine runs its serialized plans with (`Engine.serialized`): deferral
-edges, then held-input edges where they pay off, then what `find_order_edges` finds after them,
-each judged by the least-memory plan's peak on the graph with them."""
+edges, then deferred variable writes, then held-input edges where they pay off, then what
+`find_order_edges` finds after them, each judged by the least-memory plan's peak on the graph
+with them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from simulator.derive import LEAST_MEMORY
 from simulator.graph import Graph
 from simulator.memory import SimResult
 from simulator.opsemantics import fused_together
-from simulator.order import Order
+from simulator.order import Order, categorized_order
 from simulator.order_edges import (
     Edge,
     deferral_edges,
@@ -19,6 +20,7 @@ from simulator.order_edges import (
     find_order_edges,
     grouped,
     held_input_edges,
+    write_edges,
 )
 
 if TYPE_CHECKING:
@@ -40,7 +42,9 @@ Simulated = tuple[Graph, SimResult, Order]
 def order_edges(engine: Engine) -> tuple[Edge, ...]:
     """Deferral edges (ops made from held buffers wait for their readers' other inputs)
     if they lower the least-memory peak (an op run later may also make a short-lived
-    output at a fuller moment), then the edges `find_order_edges` finds after them.
+    output at a fuller moment), then variable writes deferred past the readers of the values
+    read before them with what they write (`_deferred_writes`) if that lowers it, then the
+    edges `find_order_edges` finds after them.
     Edges for ops whose inputs are held anyway (`held_input_edges`) that lower the peak
     too are tried as well: the edges found after them may differ, so both sets are
     found, and the one with them is kept where its least-memory plan peaks lower with the
@@ -51,6 +55,8 @@ def order_edges(engine: Engine) -> tuple[Edge, ...]:
     deferred += feeder_edges(graph, order, context.backward - context.flow)
     base = (graph, *least_memory(engine, graph))
     deferred, base = _if_lower(engine, deferred, together, base)
+    writes, base = _if_lower(engine, _deferred_writes(base[0], base[2]), together, base)
+    deferred += writes
     without = deferred + _found_after(engine, base, together)
     held, held_base = _if_lower(engine, held_input_edges(base[0], base[2]), together, base)
     if not held:
@@ -62,6 +68,17 @@ def order_edges(engine: Engine) -> tuple[Edge, ...]:
         for edges in (without, with_held)
     ]
     return with_held if peaks[1] <= (1 - HELD_EDGES_GAIN) * peaks[0] else without
+
+
+def _deferred_writes(graph: Graph, order: Order) -> tuple[Edge, ...]:
+    """`write_edges`, and the deferral edges they make: a weight decay's product, made from
+    the variable alone, is held until its write, so it waits with the write."""
+    writes = write_edges(graph, order)
+    if not writes:
+        return ()
+    ordered = graph.with_control_edges(writes)
+    made = deferral_edges(ordered, categorized_order(ordered))
+    return writes + tuple((a, b) for a, b in made if a not in graph.ops[b].control_inputs)
 
 
 def least_memory(engine: Engine, graph: Graph, timed: bool = False) -> tuple[SimResult, Order]:

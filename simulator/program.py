@@ -13,7 +13,7 @@ from simulator.graph import Graph
 from simulator.heap import GRANULARITY, round_up
 from simulator.order import Order, categorized_order
 
-__all__ = ["Assignment", "Move", "Program", "added_visits", "compile_program"]
+__all__ = ["Assignment", "Move", "Program", "added_visits", "aliases", "compile_program"]
 
 # One output in the compiled program: (tensor id, allocation bytes, forwarded-from id, in-place ids)
 PlacedOutput = tuple[int, int, int, tuple[int, ...]]
@@ -255,7 +255,7 @@ def _assignments(
             continue
         reads = [
             last[tid[a]]
-            for a in _aliases(graph, variable)
+            for a in aliases(graph, variable)
             if order.position[graph.tensors[a].producer] < p
         ]
         release = max(reads, default=-1)
@@ -264,7 +264,7 @@ def _assignments(
     return tuple(out)
 
 
-def _aliases(graph: Graph, name: str) -> list[str]:
+def aliases(graph: Graph, name: str) -> list[str]:
     """The tensors that share tensor `name`'s buffer through forwarding ops."""
     out, todo = [], [name]
     while todo:

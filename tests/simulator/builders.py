@@ -155,6 +155,34 @@ def momentum_step() -> Graph:
     return g
 
 
+def weight_decay_step(nbytes: int = 256 << 10, act: int = 64 << 10, logits: int = 8) -> Graph:
+    """AdamW's weight decay on one weight of `nbytes` (activations of `act`, the loss's of
+    `logits` times that): the forward pass reads `w` (`read`, a
+    view) into `a`, and the backward pass reads that value again (`grad_x`). The decay reads
+    `w` anew (`read2`), makes `(w * wd) * lr` (`wd_mul`, `decay`) and subtracts it from `w`
+    (`decay_write`, after `a`, as TensorFlow's automatic control edges order it): it runs in
+    the forward pass, while `grad_x` is still to read the old value. The gradient's update
+    (`apply`) follows it."""
+    g = Graph("weight_decay_step")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    w = add(g, "w", [], nbytes, type="VarHandleOp", kind=TensorKind.VARIABLE)
+    read = add(g, "read", w, nbytes, type="ReadVariableOp", forwards={0: 0})
+    a = add(g, "a", x + read, act)
+    b = add(g, "b", a, act)
+    c = add(g, "c", b, logits * act)
+    read2 = add(g, "read2", w, nbytes, type="ReadVariableOp", forwards={0: 0}, control=["read"])
+    decay = add(g, "decay", add(g, "wd_mul", read2, nbytes, type="Mul"), nbytes, type="Mul")
+    add(g, "decay_write", w + decay, [], type="AssignSubVariableOp", assigns="update",
+        control=["read2", "a"])  # fmt: skip
+    gb = add(g, "gradient_tape/gb", add(g, "gradient_tape/gc", c, logits * act) + b, act)
+    grad_x = add(g, "gradient_tape/grad_x", gb + read, act)
+    grad_w = add(g, "gradient_tape/grad_w", gb + a, nbytes)
+    add(g, "apply", w + grad_w, [], type="AssignSubVariableOp", assigns="update",
+        control=["decay_write"])  # fmt: skip
+    g.mark_outputs(add(g, "done", grad_x, 256, control=["apply"]))
+    return g
+
+
 def read_twice() -> Graph:
     """f1 is read by b2 and again by b0, three backward ops later."""
     g = Graph("read_twice")

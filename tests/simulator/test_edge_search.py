@@ -1,9 +1,10 @@
 import pytest
 
 import simulator.edge_search as edge_search
+from simulator import get_preset
 from simulator.derive import PlanParams
 from simulator.engine import Engine
-from tests.simulator.builders import unrolled_recurrence
+from tests.simulator.builders import unrolled_recurrence, weight_decay_step
 
 
 def test_ops_whose_inputs_are_held_anyway_are_deferred_where_that_lowers_the_peak() -> None:
@@ -21,3 +22,27 @@ def test_held_input_edges_that_lower_the_peak_by_less_than_the_share_are_dropped
     monkeypatch.setattr(edge_search, "HELD_EDGES_GAIN", 0.5)  # they lower it by about 19 %
     dropped = Engine.build(unrolled_recurrence()).serialized().edges
     assert ("q2", "p2") in kept and ("q2", "p2") not in dropped
+
+
+def test_a_weight_decay_waits_for_the_backward_read_of_the_weight() -> None:
+    """Run in the forward pass, the decay writes the weight while the backward pass is still
+    to read the value read before it: TensorFlow copies the weight (the allocator's peak is
+    above the live one by it). Deferred past that read, with the product it subtracts, it
+    writes in place: no copy, and the product is not held meanwhile."""
+    engine = Engine.build(weight_decay_step(), device=get_preset("v100-16gb-nvlink2"))
+    least = PlanParams(n_tensors=0)
+    before = engine.evaluate(least)
+    assert before.peak_bytes - before.result.memory.live_peak_bytes == 256 << 10  # the copy
+    serial = engine.serialized()
+    deferred = {("gradient_tape/grad_x", op) for op in ("decay_write", "wd_mul", "decay")}
+    assert deferred <= set(serial.edges)
+    after = serial.evaluate(least)
+    assert after.peak_bytes == after.result.memory.live_peak_bytes
+    assert before.peak_bytes - after.peak_bytes == 256 << 10
+
+
+def test_write_edges_are_kept_only_where_they_lower_the_peak() -> None:
+    # with small logits the peak is the backward pass's, which the deferred decay joins
+    g = weight_decay_step(logits=1)
+    serial = Engine.build(g, device=get_preset("v100-16gb-nvlink2")).serialized()
+    assert not any(after == "decay_write" for _, after in serial.edges)
