@@ -166,6 +166,25 @@ def test_deferred_dropout_chains_and_weight_decay_train_bitwise() -> None:
     _assert_one_step_bitwise(a, cap_a, b, tuned)
 
 
+def test_weight_decays_deferred_past_the_backward_reads_train_bitwise() -> None:
+    # AdamW's decay writes each weight in the forward pass; made to wait for the backward
+    # pass's reads of the value read before it (the write then in place), it decays the
+    # same weights
+    from simulator import categorized_order
+    from simulator.edge_search import _deferred_writes
+    from tests.models import dropout_mlp
+
+    a, b = dropout_mlp(), dropout_mlp()
+    cap_a = capture(a.model, loss=a.loss, optimizer=a.optimizer, batch_size=16)
+    cap_b = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=16)
+    graph = cap_b.graph
+    edges = _deferred_writes(graph, categorized_order(graph))
+    writes = [after for _, after in edges if graph.ops[after].assigns]
+    assert writes and all(graph.ops[w].type == "AssignSubVariableOp" for w in writes)
+    plan = dataclasses.replace(SwapPlan(graph_name=graph.name), order_edges=edges)
+    _assert_one_step_bitwise(a, cap_a, b, apply_plan(cap_b, plan))
+
+
 def test_a_swapped_max_pooling_with_onednn_changes_the_step_by_rounding_only() -> None:
     # measured: swapping tiny-unet3d's two 3-D poolings changed its first level's weights and
     # momenta by up to 2e-7 after one step (bitwise equal without them)
