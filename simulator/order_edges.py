@@ -245,7 +245,7 @@ def _targets(graph: Graph, movable: Set[str], emit: Callable[[str], bool]) -> se
                 seen.add(p)
                 if p in fixed:
                     stack.append(p)
-                else:
+                elif graph.predecessors(p):  # a source (a constant) runs before the step
                     out.add(p)
     return out
 

@@ -171,7 +171,8 @@ def weight_decay_step(nbytes: int = 256 << 10, act: int = 64 << 10, logits: int 
     b = add(g, "b", a, act)
     c = add(g, "c", b, logits * act)
     read2 = add(g, "read2", w, nbytes, type="ReadVariableOp", forwards={0: 0}, control=["read"])
-    decay = add(g, "decay", add(g, "wd_mul", read2, nbytes, type="Mul"), nbytes, type="Mul")
+    wd = add(g, "wd", [], 4, type="Const", kind=TensorKind.CONSTANT)
+    decay = add(g, "decay", add(g, "wd_mul", read2 + wd, nbytes, type="Mul"), nbytes, type="Mul")
     add(g, "decay_write", w + decay, [], type="AssignSubVariableOp", assigns="update",
         control=["read2", "a"])  # fmt: skip
     gb = add(g, "gradient_tape/gb", add(g, "gradient_tape/gc", c, logits * act) + b, act)

@@ -292,3 +292,4 @@ def test_past_a_product_grappler_rewrote_its_read_of_the_variable_waits() -> Non
     edges = deferral_edges(written, categorized_order(written))
     assert ("gradient_tape/grad_x", "read2") in edges
     assert not any("wd_mul" in e for e in edges)
+    assert not any(after == "wd" for _, after in edges)  # a constant runs before the step
