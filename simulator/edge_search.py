@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from simulator.derive import LEAST_MEMORY
-from simulator.graph import Graph
+from simulator.graph import Graph, GraphError
 from simulator.memory import SimResult
 from simulator.opsemantics import fused_together
 from simulator.order import Order, categorized_order
@@ -77,7 +77,10 @@ def _deferred_writes(graph: Graph, order: Order) -> tuple[Edge, ...]:
     if not writes:
         return ()
     ordered = graph.with_control_edges(writes)
-    made = deferral_edges(ordered, categorized_order(ordered))
+    try:
+        made = deferral_edges(ordered, categorized_order(ordered))
+    except GraphError:  # each edge alone closes no cycle; together they could: none is kept
+        return ()
     return writes + tuple((a, b) for a, b in made if a not in graph.ops[b].control_inputs)
 
 

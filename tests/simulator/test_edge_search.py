@@ -1,10 +1,11 @@
 import pytest
 
 import simulator.edge_search as edge_search
-from simulator import get_preset
+from simulator import Graph, TensorKind, categorized_order, get_preset
 from simulator.derive import PlanParams
 from simulator.engine import Engine
-from tests.simulator.builders import unrolled_recurrence, weight_decay_step
+from simulator.order_edges import write_edges
+from tests.simulator.builders import add, unrolled_recurrence, weight_decay_step
 
 
 def test_ops_whose_inputs_are_held_anyway_are_deferred_where_that_lowers_the_peak() -> None:
@@ -46,3 +47,19 @@ def test_write_edges_are_kept_only_where_they_lower_the_peak() -> None:
     g = weight_decay_step(logits=1)
     serial = Engine.build(g, device=get_preset("v100-16gb-nvlink2")).serialized()
     assert not any(after == "decay_write" for _, after in serial.edges)
+
+
+def test_writes_whose_readers_wait_for_each_other_are_not_deferred() -> None:
+    # c1 reads v1's old value after v2's write, c2 v2's after v1's: each write may wait for
+    # its reader alone, not both (a cycle)
+    g = Graph("crossed_writes")
+    for k in "12":
+        v = add(g, f"v{k}", [], 1024, type="VarHandleOp", kind=TensorKind.VARIABLE)
+        add(g, f"r{k}", v, 1024, type="ReadVariableOp", forwards={0: 0})
+        add(g, f"w{k}", v, [], type="AssignAddVariableOp", assigns="update", control=[f"r{k}"])
+    c1 = add(g, "c1", ["r1:0"], 256, control=["w2"])
+    c2 = add(g, "c2", ["r2:0"], 256, control=["w1"])
+    g.mark_outputs(c1 + c2)
+    order = categorized_order(g)
+    assert set(write_edges(g, order)) == {("c1", "w1"), ("c2", "w2")}
+    assert edge_search._deferred_writes(g, order) == ()
