@@ -10,6 +10,7 @@ it recorded are its ops. Plans are still derived on, and applied to, the capture
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import Any
 
 from rewriter.capture import Captured, graph_from_concrete, import_step
@@ -29,6 +30,7 @@ def optimized_graph(
     (see docs/method.md); told them (`variable_shapes`), it rewrites all it does at run time."""
     cf = captured.concrete_function
     optimized = _optimized_def(cf, device, variable_shapes=variable_shapes)
+    _fresh_function_names(optimized)
     retyped = _retype_for_import(optimized)
     graph = graph_from_concrete(_wrap(cf, captured.specs, optimized), captured.variables)
     if retyped:  # the IR says what runs: bfloat16 (oneDNN's pass treats it as it does float)
@@ -36,6 +38,41 @@ def optimized_graph(
             if tensor.dtype == "float16":
                 tensor.dtype = "bfloat16"
     return graph
+
+
+#: numbers the copies of library functions `_fresh_function_names` makes in this process
+_COPIES = itertools.count()
+
+
+def _fresh_function_names(graph_def: Any) -> None:
+    """Give each function of `graph_def`'s library a name of its own, in every reference.
+    Grappler optimizes the functions a step calls (Keras' grouped convolution on a CPU is
+    one), and wrapping the graph adds them to the process under their names: a second step,
+    or a second rewrite of one, with another body under a name already added is refused."""
+    library = graph_def.library
+    tag = f"_as_run{next(_COPIES)}"
+    names = {f.signature.name: f.signature.name + tag for f in library.function}
+    if not names:
+        return
+    for f in library.function:
+        f.signature.name = names[f.signature.name]
+        for node in f.node_def:
+            _rename_calls(node, names)
+    for node in graph_def.node:
+        _rename_calls(node, names)
+    for gradient in library.gradient:
+        gradient.function_name = names.get(gradient.function_name, gradient.function_name)
+        gradient.gradient_func = names.get(gradient.gradient_func, gradient.gradient_func)
+
+
+def _rename_calls(node: Any, names: dict[str, str]) -> None:
+    """Rename the functions `node`'s attributes name (`f`, `body`, `then_branch`, lists)."""
+    for value in node.attr.values():
+        if value.HasField("func"):
+            value.func.name = names.get(value.func.name, value.func.name)
+        elif value.HasField("list"):
+            for func in value.list.func:
+                func.name = names.get(func.name, func.name)
 
 
 def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:

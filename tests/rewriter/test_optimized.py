@@ -133,3 +133,42 @@ def test_reads_of_two_variables_are_two_values_when_grappler_regroups_their_prod
     graph = capture_function(step, tf.TensorSpec([8])).graph
     short = {name.split("/")[-1] for name in graph.rewritten}
     assert {"mul", "mul_1", "mul_2", "mul_3"} <= short
+
+
+def test_a_graph_whose_functions_differ_from_those_of_the_same_name_imports() -> None:
+    """Grappler optimizes the functions a step calls; wrapping a graph adds its functions to
+    the process by name, and one with another body under a name already added is refused
+    (the second plan `fit` confirms as run, on ConvNeXt's grouped convolutions). Renamed, both
+    import, each call running its own body."""
+    from rewriter.optimized import _fresh_function_names
+
+    @tf.function
+    def inner(x):  # type: ignore[no-untyped-def]
+        return x * 2.0
+
+    @tf.function
+    def outer(x):  # type: ignore[no-untyped-def]
+        return inner(x) + 1.0
+
+    spec = tf.TensorSpec([2], tf.float32)
+    cf = outer.get_concrete_function(spec)
+    graph_def = cf.graph.as_graph_def()
+    (function,) = graph_def.library.function
+    name = function.signature.name
+    (two,) = [n for n in function.node_def if n.op == "Const"]
+    two.attr["value"].tensor.float_val[:] = [3.0]  # another body under the same name
+    output = cf.outputs[0].name
+
+    def wrapped():  # type: ignore[no-untyped-def]
+        def body(x):  # type: ignore[no-untyped-def]
+            return tf.graph_util.import_graph_def(
+                graph_def, input_map={cf.inputs[0].name: x}, return_elements=[output]
+            )[0]
+
+        return tf.compat.v1.wrap_function(body, signature=[spec])
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="duplicate function"):
+        wrapped()
+    _fresh_function_names(graph_def)
+    assert function.signature.name != name
+    np.testing.assert_array_equal(wrapped()(tf.constant([1.0, 2.0])), [4.0, 7.0])
