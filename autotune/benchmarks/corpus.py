@@ -170,16 +170,11 @@ def _steps(m: Member, preset: Any) -> Any:
 def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
     """Tune the small variant of `m` with `autotune.fit` at EXACT_SHARE (see there)
     and compare one training step with the original twin's, bitwise."""
-    import contextlib
-    import tempfile
-
     import numpy as np
 
-    import autotune
     from autotune.api import build_engine, capture
     from autotune.run.measure import example_tensors
     from autotune.search.core import LEAST_MEMORY_ORDERED
-    from autotune.search.result import NoFitError
     from simulator import get_preset
     from simulator.derive import PlanParams
 
@@ -191,18 +186,8 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
     # fits must swap or recompute, so that the comparison tests a rewrite
     peak = engine.evaluate(PlanParams(n_tensors=0, serialize=True)).peak_bytes
     least = engine.evaluate(LEAST_MEMORY_ORDERED).peak_bytes
-    tuned = None
-    for share in (EXACT_SHARE, (1 + EXACT_SHARE) / 2):  # halfway up if the search misses it
-        with tempfile.TemporaryDirectory() as out, contextlib.suppress(NoFitError):
-            tuned = autotune.fit(
-                b.model, loss=b.loss, optimizer=b.optimizer, batch_size=batch, device=DEVICE,
-                gpu_memory=int(least + share * (peak - least)), safety_ratio=1.0,
-                trials=trials, seed=seed, out=out,
-            )  # fmt: skip
-            break
-    if tuned is None:
-        raise NoFitError(f"no plan fits the small variant even {share:.0%} of the way up")
-    plan, step = _rewriting(tuned)
+    tuned, share = _tuned_small(b, batch, least, peak, trials, seed)
+    plan, step, fallback = _rewriting(tuned, b, batch)
     inputs = example_tensors(original.specs, seed=7)
     original.concrete_function(*inputs)
     again.concrete_function(*inputs)
@@ -218,26 +203,53 @@ def exact_member(m: Member, trials: int, seed: int) -> dict[str, Any]:
         "exact_variables": len(state_a),
         "exact_plan": f"{len(plan.swaps)} swaps, {len(plan.recomputes)} recomputes",
         "exact_rewrites": len(plan.swaps) + len(plan.recomputes),
-        "exact_least_memory": step is not tuned,
-        "exact_fits": tuned.fits,
+        "exact_least_memory": fallback,
+        "exact_fits": tuned is not None and tuned.fits,
         "exact_share": share,
     }
 
 
-def _rewriting(tuned: Any) -> tuple[Any, Any]:
-    """The plan and step the exactness check runs: `tuned`'s, or, where it swaps and
-    recomputes nothing (order edges alone reach lower on the small variant), the
-    least-memory plan's, which swaps every candidate, on the step `tuned` captured."""
-    from autotune.api import build_engine
+def _tuned_small(
+    b: Any, batch: int, least: int, peak: int, trials: int, seed: int
+) -> tuple[Any, float]:
+    """`autotune.fit` of the small variant `b` at EXACT_SHARE of the way from `least` to
+    `peak`, or halfway from there up if no plan fits; None if none fits there either."""
+    import contextlib
+    import tempfile
+
+    import autotune
+    from autotune.search.result import NoFitError
+
+    for share in (EXACT_SHARE, (1 + EXACT_SHARE) / 2):
+        with tempfile.TemporaryDirectory() as out, contextlib.suppress(NoFitError):
+            tuned = autotune.fit(
+                b.model, loss=b.loss, optimizer=b.optimizer, batch_size=batch, device=DEVICE,
+                gpu_memory=int(least + share * (peak - least)), safety_ratio=1.0,
+                trials=trials, seed=seed, out=out,
+            )  # fmt: skip
+            return tuned, share
+    return None, share
+
+
+def _rewriting(tuned: Any, b: Any, batch: int) -> tuple[Any, Any, str]:
+    """The plan and step the exactness check runs, and why it is not `tuned`'s if it is
+    not: `tuned`'s; where it swaps and recomputes nothing (order edges alone reach lower on
+    the small variant), or no plan fit as TensorFlow runs it (`tuned` None), the least-memory
+    plan's, which swaps every candidate, on the step of the small variant `b`."""
+    from autotune.api import build_engine, capture
     from autotune.search.core import LEAST_MEMORY_ORDERED
     from rewriter.apply import apply_plan
     from simulator import get_preset
 
-    if tuned.plan.swaps or tuned.plan.recomputes:
-        return tuned.plan, tuned
-    captured = tuned.captured
+    if tuned is not None and (tuned.plan.swaps or tuned.plan.recomputes):
+        return tuned.plan, tuned, ""
+    if tuned is None:
+        captured = capture(b.model, loss=b.loss, optimizer=b.optimizer, batch_size=batch)
+        why = "no tuned plan fits as run"
+    else:
+        captured, why = tuned.captured, "the tuned one swaps nothing"
     plan = build_engine(captured, get_preset(DEVICE)).evaluate(LEAST_MEMORY_ORDERED).plan
-    return plan, apply_plan(captured, plan)
+    return plan, apply_plan(captured, plan), why
 
 
 def _exact_cell(r: dict[str, Any]) -> str:
@@ -247,8 +259,11 @@ def _exact_cell(r: dict[str, Any]) -> str:
     if r.get("exact_rewrites") == 0:
         return "untested (the plan swaps and recomputes nothing)"
     cell = "yes" if r["exact"] else f"no ({r['exact_differing']}/{n})"
-    if r.get("exact_least_memory"):
-        return f"{cell} (the least-memory plan: the tuned one swaps nothing)"
+    why = r.get("exact_least_memory")
+    if why is True:  # a file written before the reason was recorded
+        why = "the tuned one swaps nothing"
+    if why:
+        return f"{cell} (the least-memory plan: {why})"
     share = r.get("exact_share", EXACT_SHARE)
     return cell if share == EXACT_SHARE else f"{cell} (tuned {share:.0%} of the way up)"
 

@@ -81,6 +81,8 @@ def test_an_original_that_differs_from_itself_makes_exact_not_applicable() -> No
     assert nothing == "untested (the plan swaps and recomputes nothing)"
     least = _exact_cell({**row, "exact": True, "exact_rewrites": 9, "exact_least_memory": True})
     assert least == "yes (the least-memory plan: the tuned one swaps nothing)"
+    none = {**row, "exact": True, "exact_rewrites": 9, "exact_least_memory": "no tuned plan fits"}
+    assert _exact_cell(none) == "yes (the least-memory plan: no tuned plan fits)"
 
 
 def test_each_member_runs_in_a_fresh_process_with_one_inter_op_thread(monkeypatch) -> None:  # type: ignore[no-untyped-def]
