@@ -20,8 +20,8 @@ from simulator.order_edges import (
     find_order_edges,
     grouped,
     held_input_edges,
-    write_edges,
 )
+from simulator.writes import write_edges
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -72,16 +72,20 @@ def order_edges(engine: Engine) -> tuple[Edge, ...]:
 
 def _deferred_writes(graph: Graph, order: Order) -> tuple[Edge, ...]:
     """`write_edges`, and the deferral edges they make: a weight decay's product, made from
-    the variable alone, is held until its write, so it waits with the write."""
+    the variable alone, is held until its write, so it waits with the write, for the same
+    reader (past a product Grappler regroups, by its read of the variable)."""
     writes = write_edges(graph, order)
     if not writes:
         return ()
     ordered = graph.with_control_edges(writes)
     try:
-        made = deferral_edges(ordered, categorized_order(ordered))
+        made = deferral_edges(ordered, categorized_order(ordered), past_rewritten=True)
     except GraphError:  # each edge alone closes no cycle; together they could: none is kept
         return ()
-    return writes + tuple((a, b) for a, b in made if a not in graph.ops[b].control_inputs)
+    readers = {a for a, _ in writes}
+    return writes + tuple(
+        (a, b) for a, b in made if a in readers and a not in graph.ops[b].control_inputs
+    )
 
 
 def least_memory(engine: Engine, graph: Graph, timed: bool = False) -> tuple[SimResult, Order]:

@@ -31,13 +31,8 @@ the backward pass reads: a custom gradient's recomputation (Keras' swish recompu
 sigmoid in its gradient). Ready during the forward pass, they run then and their outputs are
 held until the gradient reaches them; deferred, they run when it does.
 
-`write_edges` defer a variable's write until the values read from it before the write have
-been read for the last time. TensorFlow writes a variable in place unless such a value is still
-to be read, and else into a new buffer, the old one held until then. AdamW's weight decay
-(`var -= lr * wd * var`) is ready once the forward pass has read the weight, so it runs in
-the forward pass and holds a second copy of each decayed weight until the backward pass has
-read it: 0.46 GiB of GPT-2 small's. Deferred, it writes in place; the values read and
-written are the same.
+`write_edges` (`simulator.writes`) defer a variable's write until the values read from it
+before the write have been read for the last time.
 
 `held_input_edges` defer, the same way, an op whose inputs stay live past its first reader
 anyway (read again later, or resident): run later, it holds no input longer and its output
@@ -55,7 +50,6 @@ from collections.abc import Callable, Mapping, Set
 from simulator.graph import Graph, GraphError, TensorKind
 from simulator.memory import SimResult
 from simulator.order import Order
-from simulator.program import aliases
 
 __all__ = [
     "Edge",
@@ -64,7 +58,6 @@ __all__ = [
     "find_order_edges",
     "grouped",
     "held_input_edges",
-    "write_edges",
 ]
 
 Edge = tuple[str, str]
@@ -115,40 +108,17 @@ def find_order_edges(
     return tuple(edges)
 
 
-def deferral_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
+def deferral_edges(graph: Graph, order: Order, *, past_rewritten: bool = False) -> tuple[Edge, ...]:
     """Edges `(source, op)` that make each op ready when the step starts (`_early`) with
     device outputs wait until its output is needed: `source` is the latest other input of the
     first op its outputs reach that is not ready then (the op's deadline, `_deadline_edges`).
     A chain made from variables alone, such as a dropout's random numbers and mask, made from
     its seed generator's state, thus runs where the layer does. See the module's docstring.
-    No edge touches an op Grappler rewrote in the original step (`Graph.rewritten`)."""
+    No edge touches an op Grappler rewrote in the original step (`Graph.rewritten`); with
+    `past_rewritten`, the ops such an op reads wait instead (`_targets`)."""
     early = _early(graph, order)
-    return _deadline_edges(graph, order, early, lambda name: _makes_device_bytes(graph, name))
-
-
-def write_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
-    """Edges `(reader, write)`: each write of a variable (`Op.assigns`) waits for the readers,
-    later in `order`, of the values read from the variable before it (see the module's
-    docstring). Neither end is an op of `Graph.rewritten`, and no edge closes a cycle (a
-    reader that depends on the write keeps its place)."""
-    pos, fixed = order.position, graph.rewritten
-    out: list[Edge] = []
-    for name in order.ops:
-        op = graph.ops[name]
-        if not op.assigns or name in fixed:
-            continue
-        p = pos[name]
-        readers = {
-            c
-            for a in aliases(graph, graph.buffer_root(op.inputs[0]))
-            if pos[graph.tensors[a].producer] < p
-            for c in graph.tensors[a].consumers
-            if pos[c] > p and c not in fixed
-        }
-        if readers:
-            after = _descendants(graph, name)
-            out += [(c, name) for c in sorted(readers, key=pos.__getitem__) if c not in after]
-    return tuple(out)
+    emit = lambda name: _makes_device_bytes(graph, name)  # noqa: E731
+    return _deadline_edges(graph, order, early, emit, past_rewritten)
 
 
 def held_input_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
@@ -205,7 +175,11 @@ def feeder_edges(graph: Graph, order: Order, feeders: frozenset[str]) -> tuple[E
 
 
 def _deadline_edges(
-    graph: Graph, order: Order, movable: Set[str], emit: Callable[[str], bool]
+    graph: Graph,
+    order: Order,
+    movable: Set[str],
+    emit: Callable[[str], bool],
+    past_rewritten: bool = False,
 ) -> tuple[Edge, ...]:
     """Edges `(source, op)` for each op of `movable` that `emit` accepts: its deadline is the
     first op (in `order`) not in `movable` that it reaches, by data or control edges, through
@@ -220,7 +194,7 @@ def _deadline_edges(
     pos = order.position
     deadline = _deadlines(graph, order, movable)
     out: list[Edge] = []
-    targets = _targets(graph, movable, emit)
+    targets = _targets(graph, movable, emit, past_rewritten)
     for name in order.ops:
         end = deadline.get(name)
         if end is None or name not in targets:
@@ -231,13 +205,17 @@ def _deadline_edges(
     return tuple(out)
 
 
-def _targets(graph: Graph, movable: Set[str], emit: Callable[[str], bool]) -> set[str]:
-    """The ops of `movable` that wait: those `emit` accepts, and, for one of them that Grappler
-    rewrote (an edge may not end there), the nearest ops of `movable` it reads that it did not
-    (a weight decay's `(var * wd) * lr`, regrouped, waits by its read of the variable)."""
+def _targets(
+    graph: Graph, movable: Set[str], emit: Callable[[str], bool], past_rewritten: bool
+) -> set[str]:
+    """The ops of `movable` that wait: those `emit` accepts, and, `past_rewritten`, for one of
+    them that Grappler rewrote (an edge may not end there), the nearest ops of `movable` it
+    reads that it did not (a weight decay's `(var * wd) * lr`, regrouped, waits by its read
+    of the variable). Not in general: under MirroredStrategy, a dropout's read of its seed
+    state made to wait so changed a step's loss in its last bits (docs/method.md)."""
     fixed = graph.rewritten
     out = {n for n in movable if emit(n) and n not in fixed}
-    stack = [n for n in movable if emit(n) and n in fixed]
+    stack = [n for n in movable if emit(n) and n in fixed] if past_rewritten else []
     seen = set(stack)
     while stack:
         for p in graph.predecessors(stack.pop()):
@@ -373,18 +351,6 @@ def _branch_root(graph: Graph, op: str, before: set[str], order: Order, start_le
         if not ups:
             return op
         op = min(ups, key=order.position.__getitem__)
-
-
-def _descendants(graph: Graph, op: str) -> set[str]:
-    """Every op that depends on `op` (data and control edges)."""
-    seen: set[str] = set()
-    stack = [op]
-    while stack:
-        for s in graph.successors(stack.pop()):
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return seen
 
 
 def _ancestors(graph: Graph, op: str) -> set[str]:
