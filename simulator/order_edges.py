@@ -58,6 +58,7 @@ __all__ = [
     "find_order_edges",
     "grouped",
     "held_input_edges",
+    "reachable",
 ]
 
 Edge = tuple[str, str]
@@ -355,10 +356,16 @@ def _branch_root(graph: Graph, op: str, before: set[str], order: Order, start_le
 
 def _ancestors(graph: Graph, op: str) -> set[str]:
     """Every op `op` depends on (data and control edges)."""
+    return reachable(graph, op, graph.predecessors)
+
+
+def reachable(graph: Graph, op: str, step: Callable[[str], list[str]]) -> set[str]:
+    """Every op reached from `op` by `step` (`graph.predecessors`: what it depends on;
+    `graph.successors`: what depends on it), not `op` itself unless on a cycle."""
     seen: set[str] = set()
     stack = [op]
     while stack:
-        for p in graph.predecessors(stack.pop()):
+        for p in step(stack.pop()):
             if p not in seen:
                 seen.add(p)
                 stack.append(p)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from simulator.graph import Graph
 from simulator.order import Order
+from simulator.order_edges import reachable
 from simulator.program import aliases
 
 __all__ = ["write_edges"]
@@ -40,18 +41,6 @@ def write_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
             if pos[c] > p and c not in fixed
         }
         if readers:
-            after = _descendants(graph, name)
+            after = reachable(graph, name, graph.successors)
             out += [(c, name) for c in sorted(readers, key=pos.__getitem__) if c not in after]
     return tuple(out)
-
-
-def _descendants(graph: Graph, op: str) -> set[str]:
-    """Every op that depends on `op` (data and control edges)."""
-    seen: set[str] = set()
-    stack = [op]
-    while stack:
-        for s in graph.successors(stack.pop()):
-            if s not in seen:
-                seen.add(s)
-                stack.append(s)
-    return seen
