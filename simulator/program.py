@@ -13,7 +13,7 @@ from simulator.graph import Graph
 from simulator.heap import GRANULARITY, round_up
 from simulator.order import Order, categorized_order
 
-__all__ = ["Assignment", "Move", "Program", "added_visits", "aliases", "compile_program"]
+__all__ = ["Assignment", "Move", "Program", "added_visits", "compile_program", "reads_before"]
 
 # One output in the compiled program: (tensor id, allocation bytes, forwarded-from id, in-place ids)
 PlacedOutput = tuple[int, int, int, tuple[int, ...]]
@@ -253,15 +253,18 @@ def _assignments(
         variable = graph.buffer_root(op.inputs[0])
         if variable not in held:
             continue
-        reads = [
-            last[tid[a]]
-            for a in aliases(graph, variable)
-            if order.position[graph.tensors[a].producer] < p
-        ]
-        release = max(reads, default=-1)
+        release = max((last[tid[a]] for a in reads_before(graph, order, name)), default=-1)
         value = tid[op.inputs[1]] if op.assigns == "adopt" else -1
         out.append(Assignment(p, held[variable], value, release if release > p else -1))
     return tuple(out)
+
+
+def reads_before(graph: Graph, order: Order, write: str) -> list[str]:
+    """The values read, before op `write` in `order`, from the variable it writes (`Op.assigns`,
+    input 0): TensorFlow copies the variable at the write while one is still to be read."""
+    p, pos = order.position[write], order.position
+    variable = graph.buffer_root(graph.ops[write].inputs[0])
+    return [a for a in aliases(graph, variable) if pos[graph.tensors[a].producer] < p]
 
 
 def aliases(graph: Graph, name: str) -> list[str]:

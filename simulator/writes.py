@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from simulator.graph import Graph
 from simulator.order import Order
-from simulator.order_edges import reachable
-from simulator.program import aliases
+from simulator.order_edges import Edge, reachable
+from simulator.program import reads_before
 
 __all__ = ["write_edges"]
-
-Edge = tuple[str, str]
 
 
 def write_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
@@ -35,8 +33,7 @@ def write_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
         p = pos[name]
         readers = {
             c
-            for a in aliases(graph, graph.buffer_root(op.inputs[0]))
-            if pos[graph.tensors[a].producer] < p
+            for a in reads_before(graph, order, name)
             for c in graph.tensors[a].consumers
             if pos[c] > p and c not in fixed
         }
