@@ -45,6 +45,7 @@ projection waits for the state's).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Set
 
 from simulator.graph import Graph, GraphError, TensorKind
@@ -117,9 +118,8 @@ def deferral_edges(graph: Graph, order: Order, *, past_rewritten: bool = False) 
     its seed generator's state, thus runs where the layer does. See the module's docstring.
     No edge touches an op Grappler rewrote in the original step (`Graph.rewritten`); with
     `past_rewritten`, the ops such an op reads wait instead (`_targets`)."""
-    early = _early(graph, order)
-    emit = lambda name: _makes_device_bytes(graph, name)  # noqa: E731
-    return _deadline_edges(graph, order, early, emit, past_rewritten)
+    emit = functools.partial(_makes_device_bytes, graph)
+    return _deadline_edges(graph, order, _early(graph, order), emit, past_rewritten)
 
 
 def held_input_edges(graph: Graph, order: Order) -> tuple[Edge, ...]:
@@ -215,8 +215,9 @@ def _targets(
     of the variable). Not in general: under MirroredStrategy, a dropout's read of its seed
     state made to wait so changed a step's loss in its last bits (docs/method.md)."""
     fixed = graph.rewritten
-    out = {n for n in movable if emit(n) and n not in fixed}
-    stack = [n for n in movable if emit(n) and n in fixed] if past_rewritten else []
+    emitted = [n for n in movable if emit(n)]
+    out = {n for n in emitted if n not in fixed}
+    stack = [n for n in emitted if n in fixed] if past_rewritten else []
     seen = set(stack)
     while stack:
         for p in graph.predecessors(stack.pop()):
