@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,7 +17,14 @@ from simulator.errors import UserError
 from simulator.graph import Graph, Op, Tensor, TensorKind
 from simulator.opsemantics import assignment, forwards
 
-__all__ = ["CaptureError", "Captured", "capture_function", "import_step", "to_specs"]
+__all__ = [
+    "CaptureError",
+    "Captured",
+    "capture_function",
+    "function_refs",
+    "import_step",
+    "to_specs",
+]
 
 _CALL_ATTRS = ("f", "then_branch", "else_branch", "cond", "body", "branches")
 
@@ -375,12 +382,17 @@ def _shape(t: Any) -> tuple[int, ...] | None:
 
 def _called_functions(tf_op: Any) -> tuple[str, ...]:
     """Names of the functions a call or control-flow op runs (empty for ordinary ops)."""
-    names: list[str] = []
-    for key in _CALL_ATTRS:
-        if key not in tf_op.node_def.attr:
+    return tuple(f.name for f in function_refs(tf_op.node_def, _CALL_ATTRS))
+
+
+def function_refs(node_def: Any, keys: Iterable[str] | None = None) -> Iterator[Any]:
+    """The functions a NodeDef's attributes name (`NameAttrList`s, in place: a caller may
+    rename them), of the attributes `keys` in that order if given, else of all."""
+    attrs = node_def.attr
+    for key in attrs if keys is None else keys:
+        if key not in attrs:
             continue
-        value = tf_op.node_def.attr[key]
+        value = attrs[key]
         if value.HasField("func"):
-            names.append(value.func.name)
-        names.extend(f.name for f in value.list.func)
-    return tuple(names)
+            yield value.func
+        yield from value.list.func

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 from typing import Any
 
-from rewriter.capture import Captured, graph_from_concrete, import_step
+from rewriter.capture import Captured, function_refs, graph_from_concrete, import_step
 from simulator.graph import Graph
 from simulator.opsemantics import LOOP_TYPES, REGROUPABLE
 
@@ -67,12 +67,8 @@ def _fresh_function_names(graph_def: Any) -> None:
 
 def _rename_calls(node: Any, names: dict[str, str]) -> None:
     """Rename the functions `node`'s attributes name (`f`, `body`, `then_branch`, lists)."""
-    for value in node.attr.values():
-        if value.HasField("func"):
-            value.func.name = names.get(value.func.name, value.func.name)
-        elif value.HasField("list"):
-            for func in value.list.func:
-                func.name = names.get(func.name, func.name)
+    for func in function_refs(node):
+        func.name = names.get(func.name, func.name)
 
 
 def rewritten_ops(cf: Any, device: str = "CPU:0") -> frozenset[str]:
