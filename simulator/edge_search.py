@@ -6,9 +6,10 @@ with them."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from simulator.derive import LEAST_MEMORY
+from simulator.derive import LEAST_MEMORY, PlanParams
 from simulator.graph import Graph, GraphError
 from simulator.memory import SimResult
 from simulator.opsemantics import fused_together
@@ -34,6 +35,12 @@ __all__ = ["HELD_EDGES_GAIN", "least_memory", "order_edges"]
 #: Transformer-base), where they still constrain every plan's schedule and left the tuned
 #: step 4 % and 1.5 % slower (docs/method.md, "Constants")
 HELD_EDGES_GAIN = 0.01
+
+#: the least-memory plan without backward swaps, which the edges are searched for first:
+#: judged by `LEAST_MEMORY` alone, the search stops where swapping the backward pass's
+#: tensors holds the peak, and finds few of the edges that plans swapping fewer need
+#: (ResNet-50: one edge, and the main job's largest batch 1147 -> 776)
+FORWARD_SWAPS = replace(LEAST_MEMORY, backward_swaps=False)
 
 #: a graph, its least-memory plan's simulation and the order it walked
 Simulated = tuple[Graph, SimResult, Order]
@@ -88,15 +95,17 @@ def _deferred_writes(graph: Graph, order: Order) -> tuple[Edge, ...]:
     )
 
 
-def least_memory(engine: Engine, graph: Graph, timed: bool = False) -> tuple[SimResult, Order]:
-    """The least-memory plan's simulation on `graph` (a graph of `engine`'s step with other
-    control edges) and the order it walked: memory only, or, `timed`, with `engine`'s time
-    model (a tensor is then held until its copy ends)."""
+def least_memory(
+    engine: Engine, graph: Graph, timed: bool = False, params: PlanParams = FORWARD_SWAPS
+) -> tuple[SimResult, Order]:
+    """The simulation of the least-memory plan `params` on `graph` (a graph of `engine`'s
+    step with other control edges) and the order it walked: memory only, or, `timed`, with
+    `engine`'s time model (a tensor is then held until its copy ends)."""
     built = type(engine).build(
         graph, device=engine.device, cost=engine.cost if timed else None,
         lower_bound=engine.lower_bound, like=engine,
     )  # fmt: skip
-    return built.evaluate(LEAST_MEMORY, timed=timed).result.memory, built.order
+    return built.evaluate(params, timed=timed).result.memory, built.order
 
 
 def _if_lower(
@@ -121,10 +130,18 @@ def _if_lower(
 def _found_after(
     engine: Engine, base: Simulated, together: Mapping[str, tuple[str, ...]]
 ) -> tuple[Edge, ...]:
-    """The edges `find_order_edges` finds on `base` (its least-memory simulation reused)."""
+    """The edges `find_order_edges` finds on `base` (its simulation reused) for the plan
+    that swaps forward tensors alone, then those it finds after them for `LEAST_MEMORY`,
+    which swaps the backward pass's long-held tensors too (see `FORWARD_SWAPS`)."""
     graph, known = base[0], base[1:]
+    start = engine.backward_level()
 
     def peak_of(g: Graph) -> tuple[SimResult, Order]:
         return known if g is graph else least_memory(engine, g)
 
-    return find_order_edges(graph, peak_of, start_level=engine.backward_level(), together=together)
+    found = find_order_edges(graph, peak_of, start_level=start, together=together)
+    graph = graph.with_control_edges(found)
+    return found + find_order_edges(
+        graph, lambda g: least_memory(engine, g, params=LEAST_MEMORY),
+        start_level=start, together=together,
+    )  # fmt: skip

@@ -334,8 +334,8 @@ TRIGGER_STRATEGIES = _TRIGGERS
 RECOMPUTE_MODES = _RECOMPUTE_MODES
 
 #: The corner that saves the most memory: every candidate, synchronized swap-outs, swap-ins
-#: just before their readers.
-LEAST_MEMORY = PlanParams(ub=1, sync_out=True)
+#: just before their readers, and the backward pass's long-held tensors swapped too.
+LEAST_MEMORY = PlanParams(ub=1, sync_out=True, backward_swaps=True)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ __all__ = [
 
 #: The plan that saves the most memory, with order edges and backward tensors swapped too: ours'
 #: second warm start.
-LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True, backward_swaps=True)
+LEAST_MEMORY_ORDERED = replace(LEAST_MEMORY, serialize=True)
 #: The recompute-only baseline, checkpointing as `tf.recompute_grad` does: no swapping, every
 #: chain of up to RECOMPUTE_MAX_OPS pure ops recomputed, convolutions too whatever they cost
 #: (with a time model to weigh them by; else cheap chains only).
