@@ -46,7 +46,7 @@ from simulator.opsemantics import (
 )
 from simulator.order_edges import Edge
 from simulator.prefetch import trigger_levels
-from simulator.refine import Finish, Planned, guarded, late_swaps, plan_of
+from simulator.refine import Finish, Planned, delayed, guarded, late_swaps, plan_of
 from simulator.replay import with_allocator
 from simulator.timing import Link, TimeResult, simulate_time
 
@@ -321,6 +321,8 @@ class Engine:
             plan, result = planned.plan, finish(planned)
             if params.limit and plan.recomputes:
                 plan, result = guarded(self, params, planned, result, late, finish)
+            if params.limit and plan.swaps:
+                plan, result = delayed(self, params, plan, result, finish)
         return Evaluation(params, plan, result, time.perf_counter() - start)
 
     def simulate(self, plan: SwapPlan) -> PlanResult:

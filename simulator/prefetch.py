@@ -56,7 +56,7 @@ from simulator.order import Order
 from simulator.plan import Swap, SwapIn, SwapPlan
 from simulator.timing import Link, Timeline
 
-__all__ = ["postpone_waits", "prefetch", "trigger_levels"]
+__all__ = ["postpone_waits", "prefetch", "trigger_levels", "with_triggers"]
 
 
 def prefetch(
@@ -99,7 +99,7 @@ def prefetch(
             room[q:t] += swap.nbytes
             moved[i, k] = order.ops[q]
         queued = max(queued, q)
-    plan = _with_triggers(plan, moved, pos) if moved else plan
+    plan = with_triggers(plan, moved, pos) if moved else plan
     plan = _kept(plan, room, limit, pos)
     return (resolve_sources(plan, pos) if plan.recomputes else plan), room
 
@@ -179,7 +179,7 @@ def _earliest(
     return best
 
 
-def _with_triggers(
+def with_triggers(
     plan: SwapPlan, moved: dict[tuple[int, int], str], pos: dict[str, int]
 ) -> SwapPlan:
     """`plan` with the triggers `moved`; copies of one tensor now live at once are merged."""

@@ -1,5 +1,5 @@
 """The steps of plan derivation that read a simulation of the plan: which backward tensors to
-swap, prefetching, and the recompute guard.
+swap, prefetching, the recompute guard, and swap-ins delayed past the peak.
 
 Each step simulates the plan it is given (the time model on, no allocator), and hands on the
 last simulation it made of the plan it returns, so that the engine does not simulate that plan
@@ -21,7 +21,7 @@ import numpy as np
 from simulator.derive import PlanParams, derive_plan, resolve_sources
 from simulator.graph import Graph
 from simulator.plan import SwapPlan
-from simulator.prefetch import postpone_waits, prefetch
+from simulator.prefetch import postpone_waits, prefetch, with_triggers
 from simulator.run import PlanResult
 from simulator.timing import Link
 
@@ -29,11 +29,13 @@ if TYPE_CHECKING:
     from simulator.engine import Engine
 
 __all__ = [
+    "DELAY_ROUNDS",
     "GUARD_RELEASES",
     "GUARD_ROUNDS",
     "PREFETCH_ROUNDS",
     "Finish",
     "Planned",
+    "delayed",
     "guarded",
     "late_swaps",
     "plan_of",
@@ -45,6 +47,8 @@ GUARD_ROUNDS = 8
 GUARD_RELEASES = 32
 #: with backward tensors swapped, at most this many rounds of prefetching under a lower limit
 PREFETCH_ROUNDS = 3
+#: at most this many rounds of delaying the swap-ins live at a peak over the limit
+DELAY_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,53 @@ def guarded(
     if best[0] and best[2].time is not None and best[2].peak_bytes <= params.limit:
         return released(engine, params, *best, late, finish)
     return best[1], best[2]
+
+
+def delayed(
+    engine: Engine, params: PlanParams, plan: SwapPlan, result: PlanResult, finish: Finish
+) -> tuple[SwapPlan, PlanResult]:
+    """While the peak passes the `limit`, the swap-ins live at it whose readers all come
+    after it wait for the peak's op instead, or the first op after it that may trigger them
+    (`_past_peak`): they then arrive once the step that holds the most has freed its inputs,
+    with less time for the link. A round is kept only where it lowers the peak; at most
+    `DELAY_ROUNDS` rounds. A swap-in a recompute reads stays where it is."""
+    for _ in range(DELAY_ROUNDS):
+        if result.peak_bytes <= params.limit:
+            break
+        moved = _past_peak(engine, plan, result)
+        if moved is None:
+            break
+        made = finish(Planned(moved))
+        if made.peak_bytes >= result.peak_bytes:
+            break
+        plan, result = moved, made
+    return plan, result
+
+
+def _past_peak(engine: Engine, plan: SwapPlan, result: PlanResult) -> SwapPlan | None:
+    """`plan` with each swap-in live at `result`'s peak step and first read after it
+    triggered at that step or the first one after it whose op may trigger it (a level
+    before its readers', `trigger_levels`); None if there is none to move."""
+    order, levels = engine.order, engine.trigger_levels
+    pos, memory = order.position, result.memory
+    peak = memory.peak_step
+    live = memory.trace.live_at(peak)
+    sources = {s for rc in plan.recomputes for s in rc.sources}
+    moved: dict[tuple[int, int], str] = {}
+    for i, swap in enumerate(plan.swaps):
+        for k, s in enumerate(swap.swap_ins):
+            if f"{swap.tensor}@in{k}" not in live or (swap.tensor, k) in sources:
+                continue
+            first = min(pos[c] for c in s.consumers)
+            level = order.level[order.ops[first]]
+            start = max(peak, pos[s.trigger] + 1)
+            q = next((q for q in range(start, first) if levels[q] < level), None)
+            if q is not None:
+                moved[i, k] = order.ops[q]
+    if not moved:
+        return None
+    plan = with_triggers(plan, moved, pos)
+    return resolve_sources(plan, pos) if plan.recomputes else plan
 
 
 def released(

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 import simulator.engine
 import simulator.run
-from simulator import Graph, get_preset
+from simulator import Graph, TensorKind, get_preset
 from simulator.derive import PlanParams
 from simulator.engine import Engine
-from tests.simulator.builders import held_gradient
+from tests.simulator.builders import add, held_gradient
 from tests.simulator.test_swap_properties import params, training_graphs
 
 
@@ -97,3 +97,29 @@ def test_a_give_back_try_that_is_not_faster_is_not_simulated_for_memory(monkeypa
     assert screened.plan == full.plan and screened.result.time == full.result.time
     assert screened.peak_bytes == full.peak_bytes and not full.plan.recomputes
     assert screened_lowerings == len(lowered) - 2  # the two tries, neither given back
+
+
+def shared_level() -> Graph:
+    """`a` is read back by `gradient_tape/a`, whose other inputs p and q share the level
+    before it: a copy triggered by p (the level's first op) is live while q runs, beside
+    the gradient both read."""
+    g = Graph("shared_level")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    a = add(g, "a", x, 8192)
+    loss = add(g, "loss", add(g, "big", add(g, "f", a, 1024), 16384), 4)
+    gl = add(g, "gradient_tape/loss", loss, 8192)
+    p = add(g, "gradient_tape/p", gl, 4096)
+    q = add(g, "gradient_tape/q", gl, 4096)
+    g.mark_outputs(loss + add(g, "gradient_tape/a", p + q + a, 1024))
+    return g
+
+
+def test_a_swap_in_live_at_a_peak_over_the_limit_waits_for_the_peaks_op() -> None:
+    engine = _engine(shared_level(), 1e6)
+    least = PlanParams(ub=1, sync_out=True)
+    runs = {limit: engine.evaluate(replace(least, limit=limit)) for limit in (0, 20000, 30000)}
+    triggers = {k: [s.trigger for s in r.plan.swaps[0].swap_ins] for k, r in runs.items()}
+    assert triggers == {0: ["gradient_tape/p"], 20000: ["gradient_tape/q"],
+                        30000: ["gradient_tape/p"]}  # fmt: skip
+    assert runs[0].result.memory.peak_op == "gradient_tape/q"
+    assert runs[20000].peak_bytes < runs[0].peak_bytes == runs[30000].peak_bytes
