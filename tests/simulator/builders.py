@@ -197,6 +197,31 @@ def read_twice() -> Graph:
     return g
 
 
+def gradient_held_past_a_peak(big: int = 1 << 20) -> Graph:
+    """training_branches, then a weight gradient `gw` (2 `big`, made by an op Grappler
+    rewrote: no edge may move it) held by the optimizer's update across `u1`, which makes
+    3 `big`: unswapped there, it holds a peak no order edge lowers."""
+    g = Graph("gradient_held_past_a_peak")
+    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
+    f = add(g, "f", x, 1024)
+    a = add(g, "a", f, 1024)
+    b = add(g, "b", f, 1024)
+    gj = add(g, "gradient_tape/j", add(g, "j", a + b, 256), 1024)
+    grads = []
+    for br, fwd in (("a", a), ("b", b)):
+        one = add(g, f"gradient_tape/{br}1", gj + fwd, big)
+        two = add(g, f"gradient_tape/{br}2", one, big)
+        grads += add(g, f"gradient_tape/{br}3", one + two, 1024)
+    gf = add(g, "gradient_tape/f", grads, 1024)
+    gw = add(g, "gradient_tape/gw", gf + f, 2 * big)
+    u = add(g, "gradient_tape/u1", gf, 3 * big)
+    for i in range(2, 7):
+        u = add(g, f"gradient_tape/u{i}", u, 1024)
+    g.mark_outputs(add(g, "update", gw + u, 256))
+    g.rewritten = frozenset({"gradient_tape/gw"})
+    return g
+
+
 def held_gradient() -> Graph:
     """training_chain whose b3 also makes a weight gradient `gw` that only the optimizer's
     `update`, after the whole backward pass (four levels later), reads."""

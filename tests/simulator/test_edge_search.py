@@ -2,10 +2,15 @@ import pytest
 
 import simulator.edge_search as edge_search
 from simulator import Graph, TensorKind, categorized_order, get_preset
-from simulator.derive import PlanParams
+from simulator.derive import LEAST_MEMORY, PlanParams
 from simulator.engine import Engine
 from simulator.writes import write_edges
-from tests.simulator.builders import add, unrolled_recurrence, weight_decay_step
+from tests.simulator.builders import (
+    add,
+    gradient_held_past_a_peak,
+    unrolled_recurrence,
+    weight_decay_step,
+)
 
 
 def test_ops_whose_inputs_are_held_anyway_are_deferred_where_that_lowers_the_peak() -> None:
@@ -78,3 +83,18 @@ def test_the_deferrals_made_with_the_writes_wait_for_the_writes_readers_only() -
     edges = edge_search._deferred_writes(g, categorized_order(g))
     assert ("gradient_tape/grad_x", "read2") in edges
     assert {a for a, _ in edges} == {"gradient_tape/grad_x"}
+
+
+def test_edges_are_searched_again_for_the_plan_that_swaps_backward_tensors_too() -> None:
+    """Without backward swaps the held gradient makes the peak at u1, where no edge helps;
+    swapped, the peak is the two branches' gradients, which one after the other lower."""
+    engine = Engine.build(gradient_held_past_a_peak())
+    forward = engine.evaluate(edge_search.FORWARD_SWAPS).result.memory
+    assert forward.peak_op == "gradient_tape/u1"
+    assert engine.evaluate(LEAST_MEMORY).result.memory.peak_op in {
+        "gradient_tape/a3", "gradient_tape/b3"
+    }  # fmt: skip
+    serial = engine.serialized()
+    assert set(serial.edges) & {("gradient_tape/a3", "gradient_tape/b1"),
+                                ("gradient_tape/b3", "gradient_tape/a1")}  # fmt: skip
+    assert serial.evaluate(LEAST_MEMORY).peak_bytes < engine.evaluate(LEAST_MEMORY).peak_bytes
