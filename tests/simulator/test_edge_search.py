@@ -25,7 +25,7 @@ def test_held_input_edges_that_lower_the_peak_by_less_than_the_share_are_dropped
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     kept = Engine.build(unrolled_recurrence()).serialized().edges
-    monkeypatch.setattr(edge_search, "HELD_EDGES_GAIN", 0.5)  # they lower it by about 19 %
+    monkeypatch.setattr(edge_search, "EDGES_GAIN", 0.5)  # they lower it by about 19 %
     dropped = Engine.build(unrolled_recurrence()).serialized().edges
     assert ("q2", "p2") in kept and ("q2", "p2") not in dropped
 
