@@ -126,6 +126,12 @@ def training_branches(big: int = 1 << 20) -> Graph:
     """A residual-like block: f forks into branches a and b; in the backward pass each branch's
     gradient makes two `big` tensors (like an unfused BatchNorm gradient) before the join."""
     g = Graph("training_branches")
+    g.mark_outputs(_branches(g, big)[1])
+    return g
+
+
+def _branches(g: Graph, big: int) -> tuple[list[str], list[str]]:
+    """`training_branches`' ops added to `g`: its forked tensor f and f's gradient."""
     x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
     f = add(g, "f", x, 1024)
     a = add(g, "a", f, 1024)
@@ -137,8 +143,7 @@ def training_branches(big: int = 1 << 20) -> Graph:
         one = add(g, f"gradient_tape/{br}1", gj + fwd, big)
         two = add(g, f"gradient_tape/{br}2", one, big)
         grads += add(g, f"gradient_tape/{br}3", one + two, 1024)
-    g.mark_outputs(add(g, "gradient_tape/f", grads, 1024))
-    return g
+    return f, add(g, "gradient_tape/f", grads, 1024)
 
 
 def momentum_step() -> Graph:
@@ -202,17 +207,7 @@ def gradient_held_past_a_peak(big: int = 1 << 20) -> Graph:
     rewrote: no edge may move it) held by the optimizer's update across `u1`, which makes
     3 `big`: unswapped there, it holds a peak no order edge lowers."""
     g = Graph("gradient_held_past_a_peak")
-    x = add(g, "x", [], 256, type="Placeholder", kind=TensorKind.INPUT)
-    f = add(g, "f", x, 1024)
-    a = add(g, "a", f, 1024)
-    b = add(g, "b", f, 1024)
-    gj = add(g, "gradient_tape/j", add(g, "j", a + b, 256), 1024)
-    grads = []
-    for br, fwd in (("a", a), ("b", b)):
-        one = add(g, f"gradient_tape/{br}1", gj + fwd, big)
-        two = add(g, f"gradient_tape/{br}2", one, big)
-        grads += add(g, f"gradient_tape/{br}3", one + two, 1024)
-    gf = add(g, "gradient_tape/f", grads, 1024)
+    f, gf = _branches(g, big)
     gw = add(g, "gradient_tape/gw", gf + f, 2 * big)
     u = add(g, "gradient_tape/u1", gf, 3 * big)
     for i in range(2, 7):
