@@ -24,6 +24,7 @@ from simulator.plan import SwapPlan
 from simulator.prefetch import postpone_waits, prefetch, with_triggers
 from simulator.run import PlanResult
 from simulator.timing import Link
+from simulator.trace import copy_name, remade_name
 
 if TYPE_CHECKING:
     from simulator.engine import Engine
@@ -224,7 +225,7 @@ def _past_peak(engine: Engine, plan: SwapPlan, result: PlanResult) -> SwapPlan |
     moved: dict[tuple[int, int], str] = {}
     for i, swap in enumerate(plan.swaps):
         for k, s in enumerate(swap.swap_ins):
-            if f"{swap.tensor}@in{k}" not in live or (swap.tensor, k) in sources:
+            if copy_name(swap.tensor, k) not in live or (swap.tensor, k) in sources:
                 continue
             first = min(pos[c] for c in s.consumers)
             level = order.level[order.ops[first]]
@@ -318,7 +319,7 @@ def _at_peak(graph: Graph, plan: SwapPlan, result: PlanResult) -> frozenset[str]
     live = memory.trace.live_at(memory.peak_step)
     out = set()
     for rc in plan.recomputes:
-        held = {f"{t}@re" for t in rc.made(graph)} | {f"{t}@in{k}" for t, k in rc.sources}
+        held = {remade_name(t) for t in rc.made(graph)} | {copy_name(t, k) for t, k in rc.sources}
         if not held.isdisjoint(live):
             out.add(rc.tensor)
     return frozenset(out)

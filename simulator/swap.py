@@ -20,6 +20,7 @@ from simulator.graph import Graph, Op
 from simulator.opsemantics import PRODUCTS
 from simulator.plan import InvalidPlan, Recompute, Swap, SwapPlan
 from simulator.program import PlacedOutput, Program, added_visits
+from simulator.trace import copy_name, remade_name
 
 __all__ = ["lower_plan"]
 
@@ -146,7 +147,7 @@ class _Lowering:
                 )
         sid = len(self.names)
         self.copies[(swap.tensor, k)] = (sid, at)
-        self.names.append(f"{swap.tensor}@in{k}")
+        self.names.append(copy_name(swap.tensor, k))
         self.alloc.append(self.alloc[t])
         self.last.append(max(pos[c] for c in consumers))
         self.swap_ins.setdefault(at, []).append((sid, self.alloc[t], -1, ()))
@@ -210,7 +211,7 @@ class _Lowering:
                     made[name] = taken
                     continue
                 made[name] = len(self.names)
-                self.names.append(f"{name}@re")
+                self.names.append(remade_name(name))
                 self.alloc.append(size)
                 self.last.append(at)
                 events.append((made[name], size, 1))

@@ -8,7 +8,17 @@ from enum import IntEnum
 
 import numpy as np
 
-__all__ = ["DEVICE_ALLOCS", "Event", "EventKind", "Row", "Trace"]
+__all__ = ["DEVICE_ALLOCS", "Event", "EventKind", "Row", "Trace", "copy_name", "remade_name"]
+
+
+def copy_name(tensor: str, k: int) -> str:
+    """How the trace names the device copy swap-in `k` of `tensor` brings back."""
+    return f"{tensor}@in{k}"
+
+
+def remade_name(tensor: str) -> str:
+    """How the trace names the copy of `tensor` a recompute makes."""
+    return f"{tensor}@re"
 
 
 class EventKind(IntEnum):
@@ -117,7 +127,7 @@ class Trace:
     def live_at(self, step: int) -> dict[str, int]:
         """Device bytes of each buffer live at the moment step `step` held the most: the
         tensors behind a peak. A buffer is named by the tensor that allocated it (in-place and
-        forwarding results share it); swapped-in copies are named `tensor@inK`."""
+        forwarding results share it); copies are named by `copy_name` and `remade_name`."""
         top, at = -1, -1
         for i, (_, s, _, _, live, _) in enumerate(self.rows):
             if s == step and live > top:
